@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Both create the virtual environment and build the extension first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD_STAMP := $(VENV)/.torchneuron-built
+SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
+
+.PHONY: env build demo test test-slow bench info clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip >/dev/null
+	# torch is pinned and comes first, so nothing below can pull another build.
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout
+
+env: $(VENV)/bin/python
+
+$(BUILD_STAMP): $(VENV)/bin/python $(SOURCES)
+	# Autoload off: setup.py imports torch, and a stale install must not break the build.
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(BUILD_STAMP)
+
+demo: build
+	$(PY) -m torchneuron.demo
+
+test: build
+	$(PY) -m pytest -q
+
+test-slow: build
+	$(PY) -m pytest -q -m slow
+
+bench: build
+	$(PY) benchmarks/launch_overhead.py
+	$(PY) benchmarks/train_step.py
+
+info: build
+	$(PY) -m torchneuron info
+
+clean:
+	rm -rf build *.egg-info torchneuron/_C*.so $(VENV)

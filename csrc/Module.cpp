@@ -1,0 +1,110 @@
+// torchneuron._C: the Python face of the runtime and the glue.
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "aten/OpTracking.h"
+#include "backend/Allocator.h"
+#include "backend/Current.h"
+#include "backend/Generator.h"
+#include "runtime/Runtime.h"
+
+namespace py = pybind11;
+using namespace torchneuron;
+
+namespace {
+
+py::dict platform_dict(const runtime::Platform& p) {
+  py::dict d;
+  d["target"] = p.target;
+  d["core_name"] = p.core_name;
+  d["cores_per_chip"] = p.cores_per_chip;
+  d["hbm_per_chip_bytes"] = p.hbm_per_chip_bytes;
+  d["hbm_per_core_bytes"] = p.hbm_per_core_bytes();
+  d["hbm_bandwidth_tbps"] = p.hbm_bandwidth_tbps;
+  d["core_bf16_tflops"] = p.core_bf16_tflops;
+  d["chip_bf16_tflops"] = p.chip_bf16_tflops;
+  d["chip_fp8_tflops"] = p.chip_fp8_tflops;
+  d["partitions"] = p.partitions;
+  d["sbuf_partition_bytes"] = p.sbuf_partition_bytes;
+  d["psum_partition_bytes"] = p.psum_partition_bytes;
+  d["psum_banks"] = p.psum_banks;
+  d["pmax"] = p.pmax;
+  d["matmul_stationary_fmax"] = p.matmul_stationary_fmax;
+  d["matmul_moving_fmax"] = p.matmul_moving_fmax;
+  d["psum_bank_fp32"] = p.psum_bank_fp32;
+  d["vector_tflops"] = p.vector_tflops;
+  d["scalar_tflops"] = p.scalar_tflops;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchneuron native extension: emulated NeuronCore runtime and PyTorch glue";
+
+  // configuration and platform
+  m.def("_config", [] {
+    const auto& c = runtime::config();
+    py::dict d;
+    d["visible_cores"] = c.visible_cores;
+    d["platform_target"] = c.platform_target;
+    d["device_memory_bytes"] = c.device_memory_bytes;
+    d["launch_blocking"] = c.launch_blocking;
+    d["log_level"] = c.log_level;
+    d["error"] = c.error;
+    return d;
+  });
+  m.def("_platform", [] { return platform_dict(runtime::platform()); });
+  m.def("_platform_by_name", [](const std::string& name) { return platform_dict(runtime::platform_by_name(name)); });
+
+  // devices
+  m.def("_device_count", [] { return int(backend::device_count()); });
+  m.def("_init", [] { backend::lazy_init(); });
+  m.def("_is_initialized", &backend::is_initialized);
+  m.def("_is_in_bad_fork", &backend::is_in_bad_fork);
+  m.def("_current_device", [] { return int(backend::current_device()); });
+  m.def("_set_device", [](int d) { backend::set_current_device(c10::DeviceIndex(d)); });
+  m.def("_physical_core", [](int d) {
+    backend::check_device_index(c10::DeviceIndex(d));
+    return runtime::physical_core(d);
+  });
+  m.def("_device_capacity", [](int d) {
+    backend::check_device_index(c10::DeviceIndex(d));
+    return runtime::device_capacity(d);
+  });
+  m.def("_synchronize", [](int d) {
+    py::gil_scoped_release no_gil;
+    backend::synchronize_device(c10::DeviceIndex(d));
+  });
+
+  // streams: (stream_id, device_index, device_type), as torch.Stream packs them
+  m.def("_current_stream", [](int d) {
+    auto s = backend::current_stream(c10::DeviceIndex(d));
+    return py::make_tuple(s.id(), int(s.device_index()), int(s.device_type()));
+  });
+  m.def("_default_stream", [](int d) {
+    auto s = backend::default_stream(c10::DeviceIndex(d));
+    return py::make_tuple(s.id(), int(s.device_index()), int(s.device_type()));
+  });
+  m.def("_set_stream", [](int64_t id, int d) {
+    backend::set_current_stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(backend::kNeuron, c10::DeviceIndex(d)), id));
+  });
+  m.def("_stream_priority", [](int64_t id, int d) {
+    return backend::runtime_stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(backend::kNeuron, c10::DeviceIndex(d)), id))
+        .priority();
+  });
+
+  // generators
+  m.def("_default_generator", [](int d) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(backend::default_generator(c10::DeviceIndex(d))));
+  });
+
+  // allocator
+  m.def("_empty_cache", [] { backend::caching_allocator().emptyCache(); });
+  m.def("_mem_get_info", [](int d) { return backend::caching_allocator().getMemoryInfo(c10::DeviceIndex(d)); });
+
+  // op tracking
+  m.def("_executed_ops", &aten::executed_ops);
+  m.def("_fallback_ops", &aten::fallback_ops);
+  m.def("_clear_op_tracking", &aten::clear_op_tracking);
+}

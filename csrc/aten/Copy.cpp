@@ -1,0 +1,82 @@
+// Copies between host and device and between devices. Host->device copies
+// from pageable memory are staged (the source may change once we return);
+// from pinned memory with non_blocking=True they read the source directly.
+// Device->host copies wait for the stream unless they target pinned memory
+// with non_blocking=True — the semantics of CUDA.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../backend/Current.h"
+#include "Launcher.h"
+
+namespace torchneuron::aten {
+
+namespace {
+
+using backend::kNeuron;
+
+void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
+  c10::DeviceIndex from = src.device().index(), to = dst.device().index();
+  auto src_view = host_view(src), dst_view = host_view(dst);
+  if (from == to) {
+    enqueue(to, "copy_ (device to device)", [src_view, dst_view]() mutable { dst_view.copy_(src_view); });
+    return;
+  }
+  // Peer copy on the destination's stream, after the source's pending
+  // writes; the source's stream then waits for the copy before it may reuse
+  // the source's memory.
+  auto& src_stream = backend::runtime_stream(backend::current_stream(from));
+  auto& dst_stream = backend::runtime_stream(backend::current_stream(to));
+  runtime::Event ready;
+  ready.record(src_stream);
+  ready.block(dst_stream);
+  enqueue(to, "copy_ (neuron:" + std::to_string(from) + " to neuron:" + std::to_string(to) + ")",
+          [src_view, dst_view]() mutable { dst_view.copy_(src_view); });
+  runtime::Event done;
+  done.record(dst_stream);
+  done.block(src_stream);
+}
+
+at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  bool src_dev = src.device().type() == kNeuron, dst_dev = dst.device().type() == kNeuron;
+  TORCH_CHECK(src_dev || src.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device());
+  TORCH_CHECK(dst_dev || dst.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device());
+  if (dst.numel() == 0) return dst;
+
+  if (src_dev && dst_dev) {
+    copy_between_devices(src, dst);
+    return dst;
+  }
+  if (dst_dev) {  // host -> device
+    c10::DeviceIndex device = dst.device().index();
+    auto dst_view = host_view(dst);
+    if (non_blocking && src.is_pinned()) {
+      // The task holds the source, so its pinned block outlives the copy.
+      enqueue(device, "copy_ (host to device)", [src, dst_view]() mutable { dst_view.copy_(src); });
+    } else {
+      at::Tensor staged = src.clone();  // snapshot of the pageable source
+      enqueue(device, "copy_ (host to device)", [staged, dst_view]() mutable { dst_view.copy_(staged); });
+    }
+    return dst;
+  }
+  // device -> host
+  c10::DeviceIndex device = src.device().index();
+  auto src_view = host_view(src);
+  enqueue(device, "copy_ (device to host)", [src_view, dst]() mutable { dst.copy_(src_view); });
+  if (!(non_blocking && dst.is_pinned())) backend::synchronize_stream(backend::current_stream(device));
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst) {
+  dst.resize_(src.sizes());
+  return copy_from(src, dst, false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+}
+
+}  // namespace torchneuron::aten

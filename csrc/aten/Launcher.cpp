@@ -1,0 +1,383 @@
+#include "Launcher.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/op_registration/op_registration.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "../backend/Allocator.h"
+#include "../backend/Current.h"
+#include "../backend/Generator.h"
+#include "OpTracking.h"
+#include "OutputPlan.h"
+
+namespace torchneuron::aten {
+
+using backend::kNeuron;
+
+namespace {
+
+// ---- per-op facts, resolved once ---------------------------------------------
+
+struct OpInfo {
+  std::string name;
+  OpCounters* counters;
+  std::optional<c10::OperatorHandle> out_variant;  // writes straight into device memory
+  bool has_generator = false;
+};
+
+bool same_argument(const c10::Argument& a, const c10::Argument& b) {
+  bool aw = a.alias_info() && a.alias_info()->isWrite();
+  bool bw = b.alias_info() && b.alias_info()->isWrite();
+  return a.name() == b.name() && *a.type() == *b.type() && aw == bw;
+}
+
+// The out= overload of a functional op: the same arguments followed by one
+// keyword-only written argument per return.
+std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
+  static auto* by_name = [] {
+    auto* m = new std::unordered_map<std::string, std::vector<c10::OperatorName>>();
+    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) (*m)[name.name].push_back(name);
+    return m;
+  }();
+  const auto& schema = op.schema();
+  if (schema.is_mutable() || schema.returns().empty()) return std::nullopt;
+  for (const auto& r : schema.returns())
+    if (r.alias_info()) return std::nullopt;
+  auto it = by_name->find(schema.name());
+  if (it == by_name->end()) return std::nullopt;
+  for (const auto& name : it->second) {
+    if (name.overload_name == schema.overload_name()) continue;
+    auto candidate = c10::Dispatcher::singleton().findSchema(name);
+    if (!candidate) continue;
+    const auto& cs = candidate->schema();
+    const auto& fa = schema.arguments();
+    const auto& ca = cs.arguments();
+    if (ca.size() != fa.size() + schema.returns().size()) continue;
+    bool match = true;
+    for (size_t i = 0; i < fa.size() && match; ++i) match = same_argument(fa[i], ca[i]);
+    for (size_t i = 0; i < schema.returns().size() && match; ++i) {
+      const auto& out = ca[fa.size() + i];
+      match = out.kwarg_only() && out.alias_info() && out.alias_info()->isWrite() &&
+              *out.type() == *schema.returns()[i].type();
+    }
+    if (match) return candidate;
+  }
+  return std::nullopt;
+}
+
+OpInfo& op_info(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* infos = new std::unordered_map<const void*, std::unique_ptr<OpInfo>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*infos)[&op.schema()];
+  if (!slot) {
+    slot = std::make_unique<OpInfo>();
+    const auto& schema = op.schema();
+    slot->name = schema.overload_name().empty() ? schema.name() : schema.name() + "." + schema.overload_name();
+    slot->counters = &op_counters(slot->name);
+    slot->out_variant = find_out_variant(op);
+    for (const auto& a : schema.arguments())
+      if (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)
+        slot->has_generator = true;
+  }
+  return *slot;
+}
+
+// ---- devices ------------------------------------------------------------------
+
+std::string describe(const at::Device& d) { return d.str(); }
+
+// The device every tensor argument must be on. CPU 0-dim tensors are
+// accepted (as CUDA accepts them for scalars); anything else on another
+// device is the caller's error.
+c10::DeviceIndex common_device(const c10::OperatorHandle& op, const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
+  const auto& schema = op.schema();
+  std::optional<at::Device> device;
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      at::Device d = t.device();
+      if (d.type() == c10::DeviceType::CPU && t.dim() == 0) return;
+      if (!device && d.type() == kNeuron) {
+        device = d;
+        return;
+      }
+      if (device && d == *device) return;
+      at::Device other = device ? *device : at::Device(kNeuron, backend::current_device());
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", schema.arguments()[i].name(),
+                  " is on ", describe(d), ", different from other tensors on ", describe(other),
+                  " (when checking argument in method ", info.name, ")");
+    });
+  }
+  if (device) return device->index();
+  for (const auto& a : args)
+    if (a.isDevice() && a.toDevice().type() == kNeuron && a.toDevice().has_index()) return a.toDevice().index();
+  return backend::current_device();
+}
+
+// ---- argument translation -------------------------------------------------------
+
+at::Generator cpu_generator_for(const c10::IValue& g, c10::DeviceIndex device) {
+  at::Generator gen = g.isGenerator() ? g.toGenerator() : backend::default_generator(device);
+  TORCH_CHECK(gen.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",
+              gen.device().type(), "'");
+  return gen.get<backend::NeuronGenerator>()->next_cpu_generator();
+}
+
+c10::IValue to_host(const c10::IValue& v, const c10::Argument& arg, const OpInfo& info, c10::DeviceIndex device) {
+  if (v.isTensor()) return host_view(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(host_view(t));
+    return out;
+  }
+  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() &&
+      v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const auto& e : v.toListRef())
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(host_view(e.toTensor())) : std::nullopt);
+    return out;
+  }
+  if (info.has_generator && arg.type()->kind() == c10::TypeKind::OptionalType &&
+      arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)
+    return cpu_generator_for(v, device);
+  if (v.isDevice() && v.toDevice().type() == kNeuron) return at::Device(at::kCPU);
+  return v;
+}
+
+std::vector<c10::IValue> host_arguments(const c10::OperatorHandle& op, const OpInfo& info,
+                                        c10::ArrayRef<c10::IValue> args, c10::DeviceIndex device) {
+  std::vector<c10::IValue> out;
+  out.reserve(args.size());
+  const auto& schema_args = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) out.push_back(to_host(args[i], schema_args[i], info, device));
+  return out;
+}
+
+at::Tensor make_view(const at::Tensor& base, const Geometry& g) {
+  auto view = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                       base.key_set(), c10::scalarTypeToTypeMeta(g.dtype));
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  return view;
+}
+
+const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
+
+// Runs an op whose outputs cannot be known in advance: waits for the stream,
+// runs the kernel as a task, and uploads new results (a host round trip).
+void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector<c10::IValue>& args,
+                        torch::jit::Stack* stack, c10::DeviceIndex device) {
+  auto host_args = host_arguments(op, info, args, device);
+  std::vector<const at::Tensor*> flat_args;
+  std::vector<at::Tensor> flat_views;
+  for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat_args.push_back(&t); });
+  for (const auto& a : host_args) for_each_tensor(a, [&](const at::Tensor& t) { flat_views.push_back(t); });
+
+  auto results = std::make_shared<torch::jit::Stack>(host_args);
+  enqueue(device, info.name, [op, results] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.redispatchBoxed(kCPUKeys, results.get());
+  });
+  backend::synchronize_stream(backend::current_stream(device));
+
+  bool uploaded = false;
+  auto to_device = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined()) return r;
+    for (size_t j = 0; j < flat_views.size(); ++j) {
+      if (!flat_views[j].defined() || flat_args[j]->device().type() != kNeuron) continue;
+      if (r.unsafeGetTensorImpl() == flat_views[j].unsafeGetTensorImpl()) return *flat_args[j];
+      const at::Tensor& base = *flat_args[j];
+      auto* start = static_cast<char*>(base.storage().data_ptr().get());
+      auto* p = static_cast<char*>(r.data_ptr());
+      if (start && p >= start && p < start + base.storage().nbytes()) {
+        Geometry g{r.scalar_type()};
+        g.sizes.assign(r.sizes().begin(), r.sizes().end());
+        g.strides.assign(r.strides().begin(), r.strides().end());
+        g.offset = (p - start) / int64_t(r.itemsize());
+        return make_view(base, g);
+      }
+    }
+    uploaded = true;
+    at::Tensor src = r.contiguous();
+    at::Tensor out = empty_neuron(src.sizes(), src.strides(), src.scalar_type(), device);
+    at::Tensor dst = host_view(out);
+    enqueue(device, info.name + " (upload)", [src, dst]() mutable { dst.copy_(src); });
+    return out;
+  };
+
+  for (auto& r : *results) {
+    if (r.isTensor()) {
+      stack->push_back(to_device(r.toTensor()));
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : r.toTensorList()) list.push_back(to_device(t));
+      stack->push_back(std::move(list));
+    } else {
+      stack->push_back(std::move(r));
+    }
+  }
+  if (uploaded) info.counters->fallback.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+// ---- public helpers ---------------------------------------------------------------
+
+at::Tensor host_view(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNeuron) {
+    // CPU scalars are read when the task runs: snapshot them now.
+    return t.defined() && t.dim() == 0 && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.clone() : t;
+  }
+  auto* base = static_cast<char*>(t.storage().data_ptr().get());
+  void* data = base ? runtime::host_address(base + t.storage_offset() * int64_t(t.itemsize())) : nullptr;
+  at::Tensor v = at::from_blob(data, t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+  if (t.is_conj()) v._set_conj(true);
+  if (t.is_neg()) v._set_neg(true);
+  return v;
+}
+
+void enqueue(c10::DeviceIndex device, const std::string& what, std::function<void()> body) {
+  c10::Stream stream = backend::current_stream(device);
+  auto& s = backend::runtime_stream(stream);
+  s.enqueue([what, body = std::move(body), stream] {
+    try {
+      body();
+    } catch (c10::Error& e) {
+      e.add_context("while running " + what + " on " + stream.device().str() + " stream " +
+                    std::to_string(stream.id()) + " (an asynchronous task; the error surfaces at the next "
+                    "synchronization, set NEURON_LAUNCH_BLOCKING=1 to raise it at the launching line)");
+      throw;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, what, " failed on ", stream.device().str(), ": ", e.what());
+    }
+  });
+  if (backend::launch_blocking()) s.synchronize();
+}
+
+at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                        c10::DeviceIndex device) {
+  size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, c10::elementSize(dtype));
+  auto data = backend::caching_allocator().allocate_on(device, nbytes);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &backend::caching_allocator(), true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                    c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  return t;
+}
+
+void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  OpInfo& info = op_info(op);
+  info.counters->executed.fetch_add(1, std::memory_order_relaxed);
+  const size_t nargs = op.schema().arguments().size();
+  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - nargs), std::make_move_iterator(stack->end()));
+  torch::jit::drop(*stack, nargs);
+
+  c10::DeviceIndex device = common_device(op, info, args);
+  backend::check_device_index(device);
+  backend::lazy_init();
+
+  auto plan = plan_outputs(op, args);
+  if (plan->synchronous) return launch_synchronous(op, info, args, stack, device);
+
+  std::vector<const at::Tensor*> flat;
+  for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
+  for (const auto& [j, g] : plan->resized_args) {
+    at::Tensor t = *flat[j];  // shares the TensorImpl: resizing it resizes the caller's tensor
+    t.resize_(g.sizes);
+    if (!g.same_as(t)) t.as_strided_(g.sizes, g.strides, g.offset);
+  }
+
+  // Outputs: new tensors from the allocator, views of arguments, or the
+  // (written) arguments themselves.
+  std::vector<at::Tensor> new_outputs;
+  for (const auto& specs : plan->returns) {
+    bool is_list = op.schema().returns()[&specs - plan->returns.data()].type()->kind() == c10::TypeKind::ListType;
+    c10::List<at::Tensor> list;
+    for (const auto& spec : specs) {
+      at::Tensor out;
+      if (spec.kind == OutputSpec::kNew) {
+        out = empty_neuron(spec.geometry.sizes, spec.geometry.strides, spec.geometry.dtype, device);
+        new_outputs.push_back(out);
+      } else if (spec.kind == OutputSpec::kArgument) {
+        out = *flat[spec.arg];
+      } else {
+        out = make_view(*flat[spec.arg], spec.geometry);
+      }
+      if (is_list) list.push_back(out);
+      else stack->push_back(out);
+    }
+    if (is_list) stack->push_back(std::move(list));
+  }
+  if (plan->views_only) return;
+
+  auto host_args = host_arguments(op, info, args, device);
+  std::vector<at::Tensor> host_outputs;
+  host_outputs.reserve(new_outputs.size());
+  for (const auto& t : new_outputs) host_outputs.push_back(host_view(t));
+
+  if (plan->has_new_outputs && info.out_variant) {
+    // Append the out= arguments, one per return, in return order.
+    size_t next = 0;
+    for (size_t r = 0; r < plan->returns.size(); ++r) {
+      if (op.schema().returns()[r].type()->kind() == c10::TypeKind::ListType) {
+        c10::List<at::Tensor> list;
+        for (size_t k = 0; k < plan->returns[r].size(); ++k) list.push_back(host_outputs[next++]);
+        host_args.emplace_back(std::move(list));
+      } else {
+        host_args.emplace_back(host_outputs[next++]);
+      }
+    }
+    enqueue(device, info.name, [out_op = *info.out_variant, host_args = std::move(host_args)]() mutable {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      out_op.redispatchBoxed(kCPUKeys, &host_args);
+    });
+    return;
+  }
+
+  // No out= overload: run the functional kernel and copy new results into
+  // their device buffers.
+  std::vector<std::vector<int>> new_index(plan->returns.size());
+  int next = 0;
+  for (size_t r = 0; r < plan->returns.size(); ++r)
+    for (const auto& spec : plan->returns[r]) new_index[r].push_back(spec.kind == OutputSpec::kNew ? next++ : -1);
+  enqueue(device, info.name,
+          [op, host_args = std::move(host_args), host_outputs = std::move(host_outputs),
+           new_index = std::move(new_index)]() mutable {
+            at::AutoDispatchBelowADInplaceOrView below_autograd;
+            op.redispatchBoxed(kCPUKeys, &host_args);
+            for (size_t r = 0; r < new_index.size() && r < host_args.size(); ++r) {
+              size_t k = 0;
+              for_each_tensor(host_args[r], [&](const at::Tensor& t) {
+                int idx = k < new_index[r].size() ? new_index[r][k] : -1;
+                if (idx >= 0) host_outputs[idx].copy_(t);
+                ++k;
+              });
+            }
+          });
+}
+
+}  // namespace torchneuron::aten
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torchneuron::aten::launch>());
+}
+
+namespace {
+// CompositeExplicitAutograd kernels of the _foreach_* ops loop over the list
+// and would launch one task per tensor. Registered here, each call is one
+// task running the CPU foreach kernel over all host views.
+struct ForeachRegistration {
+  ForeachRegistration() {
+    auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+      std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&torchneuron::aten::launch>());
+    }
+  }
+} foreach_registration;
+}  // namespace

@@ -1,0 +1,32 @@
+// The eager launcher: every ATen op on neuron tensors comes through here.
+//
+//   check devices -> plan outputs (cached Meta) -> allocate on the current
+//   stream -> enqueue a task that runs the CPU kernel on host views of the
+//   device buffers (the out= overload when there is one, so results land in
+//   device memory directly) -> return at once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <functional>
+#include <string>
+
+namespace torchneuron::aten {
+
+// The boxed kernel registered for neuron (fallback and explicit ops).
+void launch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+// A CPU tensor over the device memory of `t` (kernel bodies only). CPU
+// tensors are returned as they are.
+at::Tensor host_view(const at::Tensor& t);
+
+// Enqueues `body` on the current stream of `device`. An exception in the body
+// surfaces at the next synchronisation with `what` in its message.
+void enqueue(c10::DeviceIndex device, const std::string& what, std::function<void()> body);
+
+// Uninitialised neuron tensor with the given geometry.
+at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                        c10::DeviceIndex device);
+
+}  // namespace torchneuron::aten

@@ -1,0 +1,261 @@
+#include "OutputPlan.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/hash.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace torchneuron::aten {
+
+namespace {
+
+// ---- signature ------------------------------------------------------------
+
+using Key = c10::SmallVector<int64_t, 64>;
+
+void add_tensor(Key& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.push_back(-1);
+    return;
+  }
+  k.push_back((int64_t(t.scalar_type()) << 8) | (int64_t(t.device().type()) << 1) | (t.is_conj() ? 1 : 0));
+  k.push_back((t.dim() << 2) | (t.is_neg() ? 1 : 0));
+  for (auto s : t.sizes()) k.push_back(s);
+  for (auto s : t.strides()) k.push_back(s);
+  k.push_back(t.storage_offset());
+  k.push_back(int64_t(t.storage().nbytes()));
+}
+
+// False when an argument has a type the key cannot describe (no caching).
+bool add_value(Key& k, const c10::IValue& v) {
+  if (v.isTensor()) {
+    k.push_back(1);
+    add_tensor(k, v.toTensor());
+  } else if (v.isNone()) {
+    k.push_back(2);
+  } else if (v.isInt()) {
+    k.push_back(3);
+    k.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    k.push_back(4);
+    double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    k.push_back(bits);
+  } else if (v.isBool()) {
+    k.push_back(5);
+    k.push_back(v.toBool());
+  } else if (v.isComplexDouble()) {
+    k.push_back(6);
+    auto c = v.toComplexDouble();
+    double parts[2] = {c.real(), c.imag()};
+    int64_t bits[2];
+    std::memcpy(bits, parts, sizeof bits);
+    k.push_back(bits[0]);
+    k.push_back(bits[1]);
+  } else if (v.isIntList()) {
+    k.push_back(7);
+    auto list = v.toIntList();
+    k.push_back(int64_t(list.size()));
+    for (int64_t x : list) k.push_back(x);
+  } else if (v.isSymInt()) {
+    auto s = v.toSymInt();
+    if (!s.is_heap_allocated()) {
+      k.push_back(3);
+      k.push_back(s.as_int_unchecked());
+    } else {
+      return false;
+    }
+  } else if (v.isTensorList()) {
+    k.push_back(8);
+    auto list = v.toTensorList();
+    k.push_back(int64_t(list.size()));
+    for (const at::Tensor& t : list) add_tensor(k, t);
+  } else if (v.isList()) {
+    k.push_back(9);
+    auto list = v.toListRef();
+    k.push_back(int64_t(list.size()));
+    for (const auto& e : list)
+      if (!add_value(k, e)) return false;
+  } else if (v.isDevice()) {
+    k.push_back(10);
+    k.push_back(int64_t(v.toDevice().type()) * 256 + v.toDevice().index());
+  } else if (v.isGenerator()) {
+    k.push_back(11);  // generators do not change output geometry
+  } else if (v.isString()) {
+    k.push_back(12);
+    k.push_back(int64_t(c10::hash<std::string>()(v.toStringRef())));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const {
+    size_t h = k.size();
+    for (int64_t x : k) h = c10::hash_combine(h, size_t(x));
+    return h;
+  }
+};
+
+// ---- meta execution --------------------------------------------------------
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  // Same geometry over a meta storage of the same size, so that bounds
+  // checks (as_strided, set_) behave as on the device.
+  c10::Allocator* meta = c10::GetAllocator(c10::kMeta);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(), meta->allocate(0), meta, true);
+  auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                    t.dtype());
+  m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) m._set_conj(true);
+  if (t.is_neg()) m._set_neg(true);
+  return m;
+}
+
+c10::IValue meta_value(const c10::IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t));
+    return out;
+  }
+  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+    auto list = v.toList();
+    if (list.elementType()->kind() == c10::TypeKind::OptionalType) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const auto& e : v.toListRef())
+        out.push_back(e.isTensor() ? std::optional<at::Tensor>(to_meta(e.toTensor())) : std::nullopt);
+      return out;
+    }
+  }
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
+  return v;
+}
+
+Geometry geometry_of(const at::Tensor& t) {
+  Geometry g{t.scalar_type()};
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
+  g.offset = t.storage_offset();
+  return g;
+}
+
+std::shared_ptr<OutputPlan> compute_plan(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  auto plan = std::make_shared<OutputPlan>();
+  const auto& schema = op.schema();
+  for (const auto& ret : schema.returns()) {
+    auto kind = ret.type()->kind();
+    bool tensor_like = kind == c10::TypeKind::TensorType ||
+                       (kind == c10::TypeKind::ListType &&
+                        ret.type()->containedType(0)->kind() == c10::TypeKind::TensorType);
+    if (!tensor_like) {
+      plan->synchronous = true;
+      return plan;
+    }
+  }
+
+  torch::jit::Stack stack;
+  std::vector<at::Tensor> flat_meta;
+  std::vector<bool> flat_written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    stack.push_back(meta_value(args[i]));
+    const auto* alias = schema.arguments()[i].alias_info();
+    bool written = alias && alias->isWrite();
+    for_each_tensor(stack.back(), [&](const at::Tensor& t) {
+      flat_meta.push_back(t);
+      flat_written.push_back(written);
+    });
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  } catch (const std::exception&) {
+    // No usable Meta kernel (data-dependent shapes, or invalid input, which
+    // the synchronous path reports with the CPU kernel's own error).
+    plan->synchronous = true;
+    return plan;
+  }
+
+  std::vector<const at::Tensor*> flat_real;
+  for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat_real.push_back(&t); });
+  for (size_t j = 0; j < flat_meta.size(); ++j)
+    if (flat_written[j] && flat_meta[j].defined() && !Geometry(geometry_of(flat_meta[j])).same_as(*flat_real[j]))
+      plan->resized_args.emplace_back(int(j), geometry_of(flat_meta[j]));
+
+  bool any_output = false, all_views = true;
+  for (const auto& r : stack) {
+    std::vector<OutputSpec> specs;
+    for_each_tensor(r, [&](const at::Tensor& t) {
+      OutputSpec spec{OutputSpec::kNew, -1, geometry_of(t)};
+      for (size_t j = 0; j < flat_meta.size(); ++j) {
+        if (!flat_meta[j].defined()) continue;
+        if (t.unsafeGetTensorImpl() == flat_meta[j].unsafeGetTensorImpl()) {
+          spec.kind = OutputSpec::kArgument;
+          spec.arg = int(j);
+          break;
+        }
+        if (t.storage().unsafeGetStorageImpl() == flat_meta[j].storage().unsafeGetStorageImpl()) {
+          spec.kind = OutputSpec::kView;
+          spec.arg = int(j);
+          break;
+        }
+      }
+      any_output = true;
+      if (spec.kind != OutputSpec::kView) all_views = false;
+      if (spec.kind == OutputSpec::kNew) plan->has_new_outputs = true;
+      specs.push_back(std::move(spec));
+    });
+    plan->returns.push_back(std::move(specs));
+  }
+  bool mutates = std::any_of(flat_written.begin(), flat_written.end(), [](bool w) { return w; });
+  plan->views_only = any_output && all_views && !mutates;
+  return plan;
+}
+
+struct OpCache {
+  std::mutex mutex;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const OutputPlan>, KeyHash> plans;
+};
+
+constexpr size_t kMaxPlansPerOp = 4096;
+
+}  // namespace
+
+bool Geometry::same_as(const at::Tensor& t) const {
+  return t.scalar_type() == dtype && t.sizes().equals(c10::IntArrayRef(sizes)) &&
+         t.strides().equals(c10::IntArrayRef(strides)) && t.storage_offset() == offset;
+}
+
+std::shared_ptr<const OutputPlan> plan_outputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  static std::mutex caches_mutex;
+  static auto* caches = new std::unordered_map<const void*, std::unique_ptr<OpCache>>();
+  OpCache* cache;
+  {
+    std::lock_guard<std::mutex> lock(caches_mutex);
+    auto& slot = (*caches)[&op.schema()];
+    if (!slot) slot = std::make_unique<OpCache>();
+    cache = slot.get();
+  }
+
+  Key key;
+  bool cacheable = true;
+  for (const auto& a : args) cacheable = cacheable && add_value(key, a);
+  std::vector<int64_t> k(key.begin(), key.end());
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    auto it = cache->plans.find(k);
+    if (it != cache->plans.end()) return it->second;
+  }
+  auto plan = compute_plan(op, args);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    if (cache->plans.size() >= kMaxPlansPerOp) cache->plans.clear();
+    cache->plans.emplace(std::move(k), plan);
+  }
+  return plan;
+}
+
+}  // namespace torchneuron::aten

@@ -1,0 +1,63 @@
+// What an op's outputs look like, computed without computing data.
+//
+// The plan comes from the op's Meta kernel run on meta copies of the
+// arguments, and is cached by the arguments' signature (sizes, strides,
+// dtypes, scalar values): in 2.13 many Meta kernels are Python and cost tens
+// to hundreds of µs, while a cache hit costs well under one.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
+
+#include <memory>
+#include <vector>
+
+namespace torchneuron::aten {
+
+// Geometry of one tensor.
+struct Geometry {
+  c10::ScalarType dtype;
+  c10::SmallVector<int64_t, 6> sizes, strides;
+  int64_t offset = 0;
+  bool same_as(const at::Tensor& t) const;
+};
+
+struct OutputSpec {
+  enum Kind : uint8_t { kNew, kArgument, kView };
+  Kind kind;
+  int arg = -1;  // flat index of the argument tensor aliased (kArgument, kView)
+  Geometry geometry;
+};
+
+struct OutputPlan {
+  // The op must run synchronously (data-dependent output shapes, outputs
+  // that are not tensors, or no Meta kernel).
+  bool synchronous = false;
+  // One entry per schema return; a Tensor[] return has several specs.
+  std::vector<std::vector<OutputSpec>> returns;
+  // Written arguments whose geometry the op changes (out= resizing).
+  std::vector<std::pair<int, Geometry>> resized_args;
+  bool views_only = false;  // metadata-only op: nothing to launch
+  bool has_new_outputs = false;
+};
+
+// Visits every tensor of an argument list in order; the position in this
+// order is the "flat index" used by OutputSpec::arg.
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
+// Returns the plan for `op` on `args` (a borrowed view of the stack),
+// computing and caching it on a miss.
+std::shared_ptr<const OutputPlan> plan_outputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+}  // namespace torchneuron::aten

@@ -1,0 +1,133 @@
+// Kernels that create or rebind device storage: empty tensors, resize_,
+// set_, record_stream. They run on the host (no data is computed); only
+// resize_'s copy of old contents is a device task.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "../backend/Allocator.h"
+#include "../backend/Current.h"
+#include "Launcher.h"
+
+namespace torchneuron::backend {
+
+// Grows or shrinks a storage; the old contents are copied on the current
+// stream, so the copy is ordered after every earlier write.
+void resize_bytes(const c10::Storage& storage, size_t new_size) {
+  TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
+  c10::DeviceIndex device = storage.device().index();
+  auto new_data = caching_allocator().allocate_on(device, new_size);
+  size_t keep = std::min(storage.nbytes(), new_size);
+  if (keep > 0) {
+    void* dst = new_data.get();
+    const void* src = storage.data();
+    aten::enqueue(device, "resize_ (copy of old contents)",
+                  [dst, src, keep] { std::memcpy(runtime::host_address(dst), runtime::host_address(src), keep); });
+  }
+  // The old block returns to the pool on the current stream, after the copy.
+  const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(new_data));
+  const_cast<c10::Storage&>(storage).set_nbytes(new_size);
+}
+
+}  // namespace torchneuron::backend
+
+namespace torchneuron::aten {
+
+namespace {
+
+using backend::kNeuron;
+
+c10::DeviceIndex device_of(std::optional<c10::Device> device) {
+  c10::DeviceIndex index = device && device->has_index() ? device->index() : backend::current_device();
+  backend::check_device_index(index);
+  return index;
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                               std::optional<c10::Device> device, std::optional<bool>,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(c10::Device(kNeuron, device_of(device)));
+  return at::detail::empty_generic(size, &backend::caching_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
+  c10::DeviceGuard guard(c10::Device(kNeuron, device_of(device)));
+  return at::detail::empty_strided_generic(size, stride, &backend::caching_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+}
+
+void ensure_storage(const at::Tensor& self) {
+  size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.itemsize(),
+                                                   self.storage_offset());
+  if (needed > self.storage().nbytes()) backend::resize_bytes(self.storage(), needed);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() == size && (!format || self.is_contiguous(*format))) return self;
+  impl->set_sizes_contiguous(size);
+  if (format) impl->empty_tensor_restride(*format);
+  ensure_storage(self);
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == kNeuron, "set_: expected a neuron storage for a neuron tensor, got a ",
+              source.device(), " storage");
+  TORCH_CHECK(source.device() == self.device(), "set_: storage is on ", source.device(), " but the tensor is on ",
+              self.device());
+  TORCH_CHECK(offset >= 0, "set_: storage offset must be non-negative, got ", offset);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(offset);
+  } else {
+    TORCH_CHECK(size.size() == stride.size(), "set_: size and stride must have the same length, got ", size.size(),
+                " and ", stride.size());
+    impl->set_sizes_and_strides(size, stride, offset);
+  }
+  ensure_storage(self);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  int64_t numel = int64_t(source.nbytes() / self.itemsize());
+  return set_storage_offset(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       backend::caching_allocator().allocate_on(self.device().index(), 0), &backend::caching_allocator(),
+                       true);
+  return set_storage_offset(self, std::move(storage), 0, {0}, {});
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron, "record_stream: expected a neuron stream, got ", stream);
+  backend::caching_allocator().recordStream(self.storage().data_ptr(), stream);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage_offset);
+  m.impl("set_.source_Storage", set_storage);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("set_", set_empty);
+  m.impl("record_stream", record_stream);
+}
+
+}  // namespace torchneuron::aten

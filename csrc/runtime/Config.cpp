@@ -1,0 +1,113 @@
+#include "Config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace torchneuron::runtime {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+Config parse() {
+  Config c;
+  try {
+    c.platform_target = env("NEURON_PLATFORM_TARGET_OVERRIDE");
+    if (c.platform_target.empty()) c.platform_target = "trn2";
+    if (c.platform_target != "trn2" && c.platform_target != "trn3")
+      throw std::invalid_argument("NEURON_PLATFORM_TARGET_OVERRIDE='" + c.platform_target +
+                                  "': expected trn2 or trn3");
+
+    std::string visible = env("NEURON_RT_VISIBLE_CORES");
+    std::string num = env("NEURON_RT_NUM_CORES");
+    if (!visible.empty()) {
+      c.visible_cores = parse_core_list(visible);
+      if (!num.empty() && std::stoi(num) != int(c.visible_cores.size()))
+        throw std::invalid_argument("NEURON_RT_NUM_CORES=" + num + " disagrees with NEURON_RT_VISIBLE_CORES='" +
+                                    visible + "' (" + std::to_string(c.visible_cores.size()) + " cores)");
+    } else {
+      int n = 2;
+      if (!num.empty()) {
+        size_t used = 0;
+        n = std::stoi(num, &used);
+        if (used != num.size() || n < 0 || n > 64)
+          throw std::invalid_argument("NEURON_RT_NUM_CORES='" + num + "': expected an integer in [0, 64]");
+      }
+      for (int i = 0; i < n; ++i) c.visible_cores.push_back(i);
+    }
+
+    std::string mem = env("TORCHNEURON_DEVICE_MEMORY");
+    if (!mem.empty()) c.device_memory_bytes = parse_bytes(mem);
+
+    std::string blocking = env("NEURON_LAUNCH_BLOCKING");
+    c.launch_blocking = !blocking.empty() && blocking != "0";
+
+    std::string level = env("TORCHNEURON_LOG_LEVEL");
+    if (!level.empty()) c.log_level = std::atoi(level.c_str());
+  } catch (const std::exception& e) {
+    c.error = e.what();
+    c.visible_cores.clear();
+  }
+  return c;
+}
+
+}  // namespace
+
+const Config& config() {
+  static const Config c = parse();
+  return c;
+}
+
+size_t parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("TORCHNEURON_DEVICE_MEMORY='" + text + "': expected bytes such as 4GiB, 512MiB or 1048576");
+  }
+  std::string unit = text.substr(pos);
+  for (auto& ch : unit) ch = char(std::tolower(ch));
+  double scale = 1;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") scale = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") scale = 1024.0 * 1024 * 1024;
+  else
+    throw std::invalid_argument("TORCHNEURON_DEVICE_MEMORY='" + text + "': unknown unit '" + unit + "'");
+  if (value <= 0) throw std::invalid_argument("TORCHNEURON_DEVICE_MEMORY='" + text + "': must be positive");
+  return size_t(value * scale);
+}
+
+std::vector<int> parse_core_list(const std::string& text) {
+  std::vector<int> cores;
+  size_t start = 0;
+  auto bad = [&]() {
+    return std::invalid_argument("NEURON_RT_VISIBLE_CORES='" + text + "': expected a list such as 0-1, 1 or 0,2-3");
+  };
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (part.empty()) throw bad();
+    size_t dash = part.find('-');
+    try {
+      size_t used = 0;
+      int lo = std::stoi(part.substr(0, dash), &used);
+      int hi = lo;
+      if (dash != std::string::npos) hi = std::stoi(part.substr(dash + 1));
+      if (lo < 0 || hi < lo || hi > 63) throw bad();
+      for (int i = lo; i <= hi; ++i) cores.push_back(i);
+    } catch (const std::invalid_argument&) {
+      throw bad();
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return cores;
+}
+
+}  // namespace torchneuron::runtime

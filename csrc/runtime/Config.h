@@ -1,0 +1,27 @@
+// Environment configuration, parsed once, in one place.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace torchneuron::runtime {
+
+struct Config {
+  std::vector<int> visible_cores;   // physical core ids, one per logical device
+  std::string platform_target;      // "trn2" or "trn3"
+  size_t device_memory_bytes = 0;   // per device; 0 = derive from platform and host RAM
+  bool launch_blocking = false;     // NEURON_LAUNCH_BLOCKING
+  int log_level = 0;                // TORCHNEURON_LOG_LEVEL (0 = silent)
+  std::string error;                // non-empty when the environment is invalid
+};
+
+// Parsed on first call; thread-safe.
+const Config& config();
+
+// "1.5GiB", "512MiB", "4096" (bytes) -> bytes; throws std::invalid_argument.
+size_t parse_bytes(const std::string& text);
+// "0-1", "1", "0,2-3" -> {0,1}, {1}, {0,2,3}; throws std::invalid_argument.
+std::vector<int> parse_core_list(const std::string& text);
+
+}  // namespace torchneuron::runtime

@@ -1,0 +1,37 @@
+// An event marks a point in a stream. The stream's worker stamps the time
+// when it reaches the point, which gives elapsed_ms() device-side timing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+namespace torchneuron::runtime {
+
+class Stream;
+
+class Event {
+ public:
+  // Marks the current end of `stream`; re-recording moves the mark.
+  void record(Stream& stream);
+  // Makes `stream` wait (on the device) until this event has completed.
+  void block(Stream& stream) const;
+  // True when completed, or never recorded (as CUDA).
+  bool query() const;
+  // Host waits for completion; rethrows a pending error of the stream.
+  void synchronize() const;
+  // Milliseconds between this event and `end`; both must be recorded.
+  double elapsed_ms(const Event& end) const;
+  bool recorded() const { return state_ != nullptr; }
+  int device() const;
+
+ private:
+  struct Mark {
+    Stream* stream;
+    uint64_t seq = 0;
+    std::atomic<int64_t> time_ns{-1};
+  };
+  std::shared_ptr<Mark> state_;
+};
+
+}  // namespace torchneuron::runtime

@@ -1,0 +1,155 @@
+#include "Stream.h"
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "Runtime.h"
+
+namespace torchneuron::runtime {
+
+namespace {
+// Spinning briefly before sleeping saves the futex round trip (several µs)
+// when work arrives in bursts, which is the common case for eager launches.
+constexpr auto kWorkerSpin = std::chrono::microseconds(50);
+constexpr auto kHostSpin = std::chrono::microseconds(20);
+
+std::atomic<bool> g_workers_started{false};
+}  // namespace
+
+bool workers_started() { return g_workers_started.load(); }
+
+uint64_t Stream::enqueue(Task task) {
+  uint64_t seq;
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!worker_started_) {
+      worker_started_ = true;
+      g_workers_started = true;
+      std::thread([this] { run(); }).detach();  // streams live for the whole process
+    }
+    queue_.push_back(std::move(task));
+    seq = enqueued_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    wake = worker_sleeping_;
+  }
+  if (wake) work_cv_.notify_one();
+  return seq;
+}
+
+void Stream::run() {
+  for (;;) {
+    Task task;
+    {
+      auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
+      while (completed_.load(std::memory_order_relaxed) == enqueued_.load(std::memory_order_acquire) &&
+             std::chrono::steady_clock::now() < spin_until)
+        std::this_thread::yield();
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (queue_.empty()) {
+        worker_sleeping_ = true;
+        work_cv_.wait(lock);
+        worker_sleeping_ = false;
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      task();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) {
+        error_ = std::current_exception();
+        has_error_.store(true, std::memory_order_release);
+      }
+    }
+    task = nullptr;  // release captures before signalling completion
+    completed_.fetch_add(1, std::memory_order_acq_rel);
+    if (host_waiters_.load(std::memory_order_acquire) > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_cv_.notify_all();
+    }
+  }
+}
+
+void Stream::wait_until(uint64_t seq) const {
+  if (completed_.load(std::memory_order_acquire) >= seq) return;
+  auto spin_until = std::chrono::steady_clock::now() + kHostSpin;
+  while (std::chrono::steady_clock::now() < spin_until) {
+    if (completed_.load(std::memory_order_acquire) >= seq) return;
+    std::this_thread::yield();
+  }
+  host_waiters_.fetch_add(1, std::memory_order_acq_rel);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_acquire) >= seq; });
+  }
+  host_waiters_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Stream::synchronize() {
+  wait_until(enqueued());
+  rethrow_error();
+}
+
+void Stream::rethrow_error() {
+  if (!has_error_.load(std::memory_order_acquire)) return;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = error_;
+    error_ = nullptr;
+    has_error_.store(false, std::memory_order_release);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+namespace {
+
+struct DeviceStreams {
+  std::array<std::atomic<Stream*>, kStreamsPerDevice> streams{};
+  std::atomic<uint32_t> next_low{0}, next_high{0};
+  std::mutex create_mutex;
+};
+
+DeviceStreams& device_streams(int device) {
+  // Leaked on purpose: worker threads may outlive static destruction.
+  static std::vector<DeviceStreams>* table = new std::vector<DeviceStreams>(device_count());
+  check_device(device);
+  return (*table)[device];
+}
+
+}  // namespace
+
+Stream& get_stream(int device, int id) {
+  DeviceStreams& ds = device_streams(device);
+  if (id < 0 || id >= kStreamsPerDevice)
+    throw std::out_of_range("invalid neuron stream id " + std::to_string(id) + " on device " + std::to_string(device));
+  Stream* s = ds.streams[id].load(std::memory_order_acquire);
+  if (s) return *s;
+  std::lock_guard<std::mutex> lock(ds.create_mutex);
+  s = ds.streams[id].load(std::memory_order_acquire);
+  if (!s) {
+    int priority = id > kPoolSize ? -1 : 0;
+    s = new Stream(device, id, priority);
+    ds.streams[id].store(s, std::memory_order_release);
+  }
+  return *s;
+}
+
+int stream_from_pool(int device, int priority) {
+  DeviceStreams& ds = device_streams(device);
+  if (priority < 0) return 1 + kPoolSize + int(ds.next_high++ % kPoolSize);
+  return 1 + int(ds.next_low++ % kPoolSize);
+}
+
+void synchronize_device(int device) {
+  DeviceStreams& ds = device_streams(device);
+  for (auto& slot : ds.streams)
+    if (Stream* s = slot.load(std::memory_order_acquire)) s->wait_until(s->enqueued());
+  for (auto& slot : ds.streams)
+    if (Stream* s = slot.load(std::memory_order_acquire)) s->rethrow_error();
+}
+
+}  // namespace torchneuron::runtime

@@ -1,0 +1,76 @@
+// A stream: an in-order queue of tasks drained by its own worker thread.
+//
+// The host enqueues and runs ahead; the worker executes tasks one after the
+// other. A task that throws records the first error of the stream, which the
+// host receives at its next synchronisation; later tasks still run, so the
+// stream stays usable (like an asynchronous accelerator queue).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace torchneuron::runtime {
+
+class Stream {
+ public:
+  using Task = std::function<void()>;
+
+  Stream(int device, int id, int priority) : device_(device), id_(id), priority_(priority) {}
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  int device() const { return device_; }
+  int id() const { return id_; }
+  int priority() const { return priority_; }
+
+  // Appends a task and returns its sequence number (1, 2, ...). Starts the
+  // worker thread on first use.
+  uint64_t enqueue(Task task);
+  // Host waits for every task enqueued so far, then rethrows the first error a
+  // task raised since the last synchronisation (clearing it).
+  void synchronize();
+  // Waits until task `seq` has run. Errors are left for synchronize().
+  void wait_until(uint64_t seq) const;
+  // True when every enqueued task has run.
+  bool query() const { return completed_.load(std::memory_order_acquire) >= enqueued_.load(std::memory_order_acquire); }
+  uint64_t enqueued() const { return enqueued_.load(std::memory_order_acquire); }
+  uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+  // Rethrows (and clears) a pending task error without waiting.
+  void rethrow_error();
+  bool has_error() const { return has_error_.load(std::memory_order_acquire); }
+
+ private:
+  void run();
+
+  const int device_, id_, priority_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  mutable std::condition_variable done_cv_;
+  std::deque<Task> queue_;
+  std::atomic<uint64_t> enqueued_{0};
+  std::atomic<uint64_t> completed_{0};
+  mutable std::atomic<int> host_waiters_{0};
+  bool worker_sleeping_ = false;
+  bool worker_started_ = false;
+  std::exception_ptr error_;
+  std::atomic<bool> has_error_{false};
+};
+
+// Stream table. Id 0 is a device's default stream; ids 1..kPoolSize are the
+// low-priority pool and kPoolSize+1..2*kPoolSize the high-priority pool, as in
+// CUDA's stream pools. Streams are created on first use and live forever.
+constexpr int kPoolSize = 32;
+constexpr int kStreamsPerDevice = 1 + 2 * kPoolSize;
+Stream& get_stream(int device, int id);
+// Next stream of the pool for a priority (0 = low, negative = high), round robin.
+int stream_from_pool(int device, int priority);
+// Waits for every stream of a device, then rethrows the first error found.
+void synchronize_device(int device);
+
+}  // namespace torchneuron::runtime

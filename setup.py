@@ -1,0 +1,23 @@
+# Builds torchneuron._C against the installed torch. Install with
+#   pip install --no-build-isolation -e .
+# so pip never fetches another torch (see README).
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+debug = os.environ.get("TORCHNEURON_DEBUG_BUILD") == "1"
+
+setup(
+    packages=find_packages(include=["torchneuron", "torchneuron.*"]),
+    ext_modules=[
+        CppExtension(
+            "torchneuron._C",
+            sources,
+            extra_compile_args=["-O0", "-g"] if debug else ["-O2", "-fvisibility=hidden"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,30 @@
+"""torchneuron: the ``neuron`` device for PyTorch.
+
+Importing this package (which ``import torch`` does by itself through the
+``torch.backends`` entry point) renames PrivateUse1 to ``neuron``, registers
+``torch.neuron`` and the ``Tensor.neuron()`` family of methods, and loads the
+native extension with the device runtime, the allocator and the eager
+launcher. Nothing starts running until a device is first used.
+"""
+
+import torch
+
+from torchneuron import _C  # noqa: F401  (registers the ATen kernels, guard, hooks, allocator)
+from torchneuron import neuron as _neuron_module
+from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_ops
+
+__all__ = ["get_executed_ops", "get_fallback_ops", "clear_op_tracking"]
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    if getattr(torch, "neuron", None) is _neuron_module:
+        return
+    torch.utils.rename_privateuse1_backend("neuron")
+    torch._register_device_module("neuron", _neuron_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+    )
+
+
+_register()

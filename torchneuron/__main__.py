@@ -1,0 +1,5 @@
+import sys
+
+from torchneuron.cli import main
+
+sys.exit(main())
