@@ -89,10 +89,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_stream", [](int64_t id, int d) {
     backend::set_current_stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(backend::kNeuron, c10::DeviceIndex(d)), id));
   });
-  m.def("_stream_priority", [](int64_t id, int d) {
-    return backend::runtime_stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(backend::kNeuron, c10::DeviceIndex(d)), id))
-        .priority();
-  });
 
   // generators
   m.def("_default_generator", [](int d) {

@@ -41,28 +41,29 @@ def corpus_path():
 class Block(nn.Module):
     """Pre-LN transformer block: causal multi-head self-attention, then a GELU MLP."""
 
-    def __init__(self):
+    def __init__(self, d_model, n_head, context):
         super().__init__()
-        self.ln1 = nn.LayerNorm(D_MODEL)
-        self.qkv = nn.Linear(D_MODEL, 3 * D_MODEL)
-        self.proj = nn.Linear(D_MODEL, D_MODEL)
-        self.ln2 = nn.LayerNorm(D_MODEL)
+        self.n_head = n_head
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(
-            nn.Linear(D_MODEL, 4 * D_MODEL), nn.GELU(), nn.Linear(4 * D_MODEL, D_MODEL)
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
         )
         # A buffer, so .to(device) moves the mask along with the weights.
-        self.register_buffer("causal", torch.tril(torch.ones(CONTEXT, CONTEXT, dtype=torch.bool)))
+        self.register_buffer("causal", torch.tril(torch.ones(context, context, dtype=torch.bool)))
 
     def attention(self, x):
-        b, t, _ = x.shape
+        b, t, d = x.shape
         # (b, t, 3*d) -> three tensors of shape (b, heads, t, head_dim)
-        q, k, v = self.qkv(x).view(b, t, 3, N_HEAD, D_MODEL // N_HEAD).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)
         # Plain matmul/softmax rather than F.scaled_dot_product_attention so the
         # demo only relies on basic ops a new backend is likely to implement.
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(D_MODEL // N_HEAD)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_head)
         scores = scores.masked_fill(~self.causal[:t, :t], float("-inf"))
         out = scores.softmax(dim=-1) @ v
-        return self.proj(out.transpose(1, 2).reshape(b, t, D_MODEL))
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
 
     def forward(self, x):
         x = x + self.attention(self.ln1(x))
@@ -70,15 +71,17 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size):
+    """A small GPT; the defaults are the demo's, benchmarks pick other sizes."""
+
+    def __init__(self, vocab_size, d_model=D_MODEL, n_layer=N_LAYER, n_head=N_HEAD, context=CONTEXT):
         super().__init__()
-        self.tok = nn.Embedding(vocab_size, D_MODEL)
-        self.pos = nn.Embedding(CONTEXT, D_MODEL)
-        self.blocks = nn.Sequential(*(Block() for _ in range(N_LAYER)))
-        self.ln_f = nn.LayerNorm(D_MODEL)
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(context, d_model)
+        self.blocks = nn.Sequential(*(Block(d_model, n_head, context) for _ in range(n_layer)))
+        self.ln_f = nn.LayerNorm(d_model)
         # Untied head: weight tying relies on .to() swapping tensor data in place,
         # which PyTorch skips for some out-of-tree tensor types (silently untying).
-        self.head = nn.Linear(D_MODEL, vocab_size)
+        self.head = nn.Linear(d_model, vocab_size)
 
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)

@@ -30,7 +30,7 @@ void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
   runtime::Event ready;
   ready.record(src_stream);
   ready.block(dst_stream);
-  enqueue(to, "copy_ (neuron:" + std::to_string(from) + " to neuron:" + std::to_string(to) + ")",
+  enqueue(to, "copy_ (between neuron devices)",
           [src_view, dst_view]() mutable { dst_view.copy_(src_view); });
   runtime::Event done;
   done.record(dst_stream);

@@ -23,6 +23,7 @@ namespace {
 
 struct OpInfo {
   std::string name;
+  PlanCache plans;
   OpCounters* counters;
   std::optional<c10::OperatorHandle> out_variant;  // writes straight into device memory
   bool has_generator = false;
@@ -205,7 +206,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     at::Tensor src = r.contiguous();
     at::Tensor out = empty_neuron(src.sizes(), src.strides(), src.scalar_type(), device);
     at::Tensor dst = host_view(out);
-    enqueue(device, info.name + " (upload)", [src, dst]() mutable { dst.copy_(src); });
+    enqueue(device, info.name, [src, dst]() mutable { dst.copy_(src); });
     return out;
   };
 
@@ -240,23 +241,26 @@ at::Tensor host_view(const at::Tensor& t) {
   return v;
 }
 
-void enqueue(c10::DeviceIndex device, const std::string& what, std::function<void()> body) {
-  c10::Stream stream = backend::current_stream(device);
-  auto& s = backend::runtime_stream(stream);
-  s.enqueue([what, body = std::move(body), stream] {
-    try {
-      body();
-    } catch (c10::Error& e) {
-      e.add_context("while running " + what + " on " + stream.device().str() + " stream " +
-                    std::to_string(stream.id()) + " (an asynchronous task; the error surfaces at the next "
-                    "synchronization, set NEURON_LAUNCH_BLOCKING=1 to raise it at the launching line)");
-      throw;
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, what, " failed on ", stream.device().str(), ": ", e.what());
-    }
-  });
-  if (backend::launch_blocking()) s.synchronize();
+namespace detail {
+
+void rethrow_task_error(std::string_view what, c10::Stream stream) {
+  try {
+    throw;
+  } catch (c10::Error& e) {
+    e.add_context("while running " + std::string(what) + " on " + stream.device().str() + " stream " +
+                  std::to_string(stream.id()) + " (an asynchronous task; the error surfaces at the next "
+                  "synchronization, set NEURON_LAUNCH_BLOCKING=1 to raise it at the launching line)");
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, what, " failed on ", stream.device().str(), ": ", e.what());
+  }
 }
+
+void after_enqueue(runtime::Stream& stream) {
+  if (backend::launch_blocking()) stream.synchronize();
+}
+
+}  // namespace detail
 
 at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                         c10::DeviceIndex device) {
@@ -280,7 +284,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   backend::check_device_index(device);
   backend::lazy_init();
 
-  auto plan = plan_outputs(op, args);
+  auto plan = info.plans.get(op, args);
   if (plan->synchronous) return launch_synchronous(op, info, args, stack, device);
 
   std::vector<const at::Tensor*> flat;

@@ -9,8 +9,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <functional>
 #include <string>
+#include <string_view>
+
+#include "../backend/Current.h"
 
 namespace torchneuron::aten {
 
@@ -22,8 +24,30 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
 at::Tensor host_view(const at::Tensor& t);
 
 // Enqueues `body` on the current stream of `device`. An exception in the body
-// surfaces at the next synchronisation with `what` in its message.
-void enqueue(c10::DeviceIndex device, const std::string& what, std::function<void()> body);
+// surfaces at the next synchronisation with `what` in its message; `what`
+// must outlive the task (op names and string literals do).
+template <typename Body>
+void enqueue(c10::DeviceIndex device, std::string_view what, Body&& body);
+
+namespace detail {
+// Adds the op name and stream to a task's error, keeping its type.
+[[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream);
+void after_enqueue(runtime::Stream& stream);
+}  // namespace detail
+
+template <typename Body>
+void enqueue(c10::DeviceIndex device, std::string_view what, Body&& body) {
+  c10::Stream stream = backend::current_stream(device);
+  auto& s = backend::runtime_stream(stream);
+  s.enqueue([what, stream, body = std::forward<Body>(body)]() mutable {
+    try {
+      body();
+    } catch (...) {
+      detail::rethrow_task_error(what, stream);
+    }
+  });
+  detail::after_enqueue(s);
+}
 
 // Uninitialised neuron tensor with the given geometry.
 at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,

@@ -92,13 +92,11 @@ bool add_value(Key& k, const c10::IValue& v) {
   return true;
 }
 
-struct KeyHash {
-  size_t operator()(const std::vector<int64_t>& k) const {
-    size_t h = k.size();
-    for (int64_t x : k) h = c10::hash_combine(h, size_t(x));
-    return h;
-  }
-};
+size_t hash_key(const Key& k) {
+  size_t h = k.size();
+  for (int64_t x : k) h = c10::hash_combine(h, size_t(x));
+  return h;
+}
 
 // ---- meta execution --------------------------------------------------------
 
@@ -215,11 +213,6 @@ std::shared_ptr<OutputPlan> compute_plan(const c10::OperatorHandle& op, c10::Arr
   return plan;
 }
 
-struct OpCache {
-  std::mutex mutex;
-  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const OutputPlan>, KeyHash> plans;
-};
-
 constexpr size_t kMaxPlansPerOp = 4096;
 
 }  // namespace
@@ -229,32 +222,27 @@ bool Geometry::same_as(const at::Tensor& t) const {
          t.strides().equals(c10::IntArrayRef(strides)) && t.storage_offset() == offset;
 }
 
-std::shared_ptr<const OutputPlan> plan_outputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  static std::mutex caches_mutex;
-  static auto* caches = new std::unordered_map<const void*, std::unique_ptr<OpCache>>();
-  OpCache* cache;
-  {
-    std::lock_guard<std::mutex> lock(caches_mutex);
-    auto& slot = (*caches)[&op.schema()];
-    if (!slot) slot = std::make_unique<OpCache>();
-    cache = slot.get();
-  }
-
+std::shared_ptr<const OutputPlan> PlanCache::get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   Key key;
   bool cacheable = true;
   for (const auto& a : args) cacheable = cacheable && add_value(key, a);
-  std::vector<int64_t> k(key.begin(), key.end());
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache->mutex);
-    auto it = cache->plans.find(k);
-    if (it != cache->plans.end()) return it->second;
+  if (!cacheable) return compute_plan(op, args);
+  size_t h = hash_key(key);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(h);
+    if (it != entries_.end())
+      for (const auto& e : it->second)
+        if (e.key.size() == key.size() && std::equal(key.begin(), key.end(), e.key.begin())) return e.plan;
   }
   auto plan = compute_plan(op, args);
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache->mutex);
-    if (cache->plans.size() >= kMaxPlansPerOp) cache->plans.clear();
-    cache->plans.emplace(std::move(k), plan);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (size_ >= kMaxPlansPerOp) {
+    entries_.clear();
+    size_ = 0;
   }
+  entries_[h].push_back({std::vector<int64_t>(key.begin(), key.end()), plan});
+  ++size_;
   return plan;
 }
 

@@ -11,6 +11,8 @@
 #include <c10/util/SmallVector.h>
 
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace torchneuron::aten {
@@ -56,8 +58,20 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
   }
 }
 
-// Returns the plan for `op` on `args` (a borrowed view of the stack),
-// computing and caching it on a miss.
-std::shared_ptr<const OutputPlan> plan_outputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+// Plans of one op, by argument signature. Hits allocate nothing.
+class PlanCache {
+ public:
+  // Returns the plan for `op` on `args`, computing and caching it on a miss.
+  std::shared_ptr<const OutputPlan> get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+ private:
+  struct Entry {
+    std::vector<int64_t> key;
+    std::shared_ptr<const OutputPlan> plan;
+  };
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<Entry>> entries_;  // by key hash
+  size_t size_ = 0;
+};
 
 }  // namespace torchneuron::aten

@@ -16,60 +16,49 @@ from torchneuron.neuron._device import _get_device_index
 
 
 
-class Stream(torch.Stream):
-    """A neuron stream. ``priority`` < 0 takes a high-priority stream from the pool."""
+class _NeuronKind(type):
+    """``isinstance(x, torch.neuron.Stream)`` holds for any neuron ``torch.Stream``."""
 
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, cls._base) and obj.device.type == "neuron"
+
+
+class Stream(metaclass=_NeuronKind):
+    """A neuron stream (a ``torch.Stream``). ``priority`` < 0 takes a high-priority stream.
+
+    PyTorch's C++ checks accept only ``torch.Stream`` itself, not subclasses,
+    so this returns one rather than an instance of a subclass.
+    """
+
+    _base = torch.Stream
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs) -> torch.Stream:
         if "stream_id" in kwargs:
-            return super().__new__(cls, **kwargs)
-        index = _get_device_index(device)
-        return super().__new__(cls, torch.device("neuron", index), priority=priority)
-
-    def wait_event(self, event: "Event") -> None:
-        event.wait(self)
-
-    def wait_stream(self, stream: torch.Stream) -> None:
-        self.wait_event(stream.record_event())
-
-    def record_event(self, event: "Event | None" = None) -> "Event":
-        if event is None:
-            event = Event()
-        event.record(self)
-        return event
-
-    @property
-    def priority(self) -> int:
-        return _C._stream_priority(self.stream_id, self.device_index)
-
-    def __repr__(self) -> str:
-        return f"<torch.neuron.Stream device=neuron:{self.device_index} id={self.stream_id}>"
+            return torch.Stream(**kwargs)
+        return torch.Stream(torch.device("neuron", _get_device_index(device)), priority=priority)
 
 
-class Event(torch.Event):
-    """A neuron event; ``enable_timing=True`` allows ``elapsed_time``."""
+class Event(metaclass=_NeuronKind):
+    """A neuron event (a ``torch.Event``); ``enable_timing=True`` allows ``elapsed_time``."""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    _base = torch.Event
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
         if interprocess:
             raise NotImplementedError("interprocess neuron events are not supported by the emulated runtime")
-        return super().__new__(cls, device="neuron", enable_timing=enable_timing, blocking=blocking)
-
-    def record(self, stream: torch.Stream | None = None) -> None:
-        super().record(stream if stream is not None else current_stream())
-
-    def wait(self, stream: torch.Stream | None = None) -> None:
-        super().wait(stream if stream is not None else current_stream())
+        return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking)
 
 
-def _wrap(packed: tuple[int, int, int]) -> Stream:
+def _wrap(packed: tuple[int, int, int]) -> torch.Stream:
     stream_id, device_index, device_type = packed
-    return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+    return torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
-def current_stream(device: Any = None) -> Stream:
+def current_stream(device: Any = None) -> torch.Stream:
     return _wrap(_C._current_stream(_get_device_index(device)))
 
 
-def default_stream(device: Any = None) -> Stream:
+def default_stream(device: Any = None) -> torch.Stream:
     return _wrap(_C._default_stream(_get_device_index(device)))
 
 
