@@ -6,10 +6,12 @@
 
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
 #include "../backend/Generator.h"
+#include "HostArgs.h"
 #include "OpTracking.h"
 #include "OutputPlan.h"
 
@@ -128,35 +130,24 @@ at::Generator cpu_generator_for(const c10::IValue& g, c10::DeviceIndex device) {
   return gen.get<backend::NeuronGenerator>()->next_cpu_generator();
 }
 
-c10::IValue to_host(const c10::IValue& v, const c10::Argument& arg, const OpInfo& info, c10::DeviceIndex device) {
-  if (v.isTensor()) return host_view(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    out.reserve(v.toTensorList().size());
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(host_view(t));
-    return out;
-  }
-  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() &&
-      v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
-    c10::List<std::optional<at::Tensor>> out;
-    for (const auto& e : v.toListRef())
-      out.push_back(e.isTensor() ? std::optional<at::Tensor>(host_view(e.toTensor())) : std::nullopt);
-    return out;
-  }
-  if (info.has_generator && arg.type()->kind() == c10::TypeKind::OptionalType &&
-      arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)
-    return cpu_generator_for(v, device);
-  if (v.isDevice() && v.toDevice().type() == kNeuron) return at::Device(at::kCPU);
-  return v;
+bool is_generator(const c10::Argument& arg) {
+  return arg.type()->kind() == c10::TypeKind::OptionalType &&
+         arg.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType;
 }
 
-std::vector<c10::IValue> host_arguments(const c10::OperatorHandle& op, const OpInfo& info,
-                                        c10::ArrayRef<c10::IValue> args, c10::DeviceIndex device) {
-  std::vector<c10::IValue> out;
-  out.reserve(args.size());
+// The arguments as the CPU kernel takes them: tensors as snapshots of device
+// memory, the device generator as a CPU generator for this op, neuron devices
+// as the CPU device.
+HostArgs host_arguments(const c10::OperatorHandle& op, const OpInfo& info, c10::ArrayRef<c10::IValue> args,
+                        c10::DeviceIndex device) {
+  HostArgs host;
   const auto& schema_args = op.schema().arguments();
-  for (size_t i = 0; i < args.size(); ++i) out.push_back(to_host(args[i], schema_args[i], info, device));
-  return out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (info.has_generator && is_generator(schema_args[i])) host.push(cpu_generator_for(args[i], device));
+    else if (args[i].isDevice() && args[i].toDevice().type() == kNeuron) host.push(at::Device(at::kCPU));
+    else host.push(args[i]);
+  }
+  return host;
 }
 
 at::Tensor make_view(const at::Tensor& base, const Geometry& g) {
@@ -172,18 +163,22 @@ const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 // runs the kernel as a task, and uploads new results (a host round trip).
 void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector<c10::IValue>& args,
                         torch::jit::Stack* stack, c10::DeviceIndex device) {
-  auto host_args = host_arguments(op, info, args, device);
+  struct Run {
+    torch::jit::Stack inputs, outputs;
+  };
+  auto run = std::make_shared<Run>();
+  enqueue(device, info.name, [op, host = host_arguments(op, info, args, device), run] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    run->inputs = host.materialize();
+    run->outputs = run->inputs;
+    op.redispatchBoxed(kCPUKeys, &run->outputs);
+  });
+  backend::synchronize_stream(backend::current_stream(device));
+
   std::vector<const at::Tensor*> flat_args;
   std::vector<at::Tensor> flat_views;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat_args.push_back(&t); });
-  for (const auto& a : host_args) for_each_tensor(a, [&](const at::Tensor& t) { flat_views.push_back(t); });
-
-  auto results = std::make_shared<torch::jit::Stack>(host_args);
-  enqueue(device, info.name, [op, results] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    op.redispatchBoxed(kCPUKeys, results.get());
-  });
-  backend::synchronize_stream(backend::current_stream(device));
+  for (const auto& a : run->inputs) for_each_tensor(a, [&](const at::Tensor& t) { flat_views.push_back(t); });
 
   bool uploaded = false;
   auto to_device = [&](const at::Tensor& r) -> at::Tensor {
@@ -205,12 +200,11 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     uploaded = true;
     at::Tensor src = r.contiguous();
     at::Tensor out = empty_neuron(src.sizes(), src.strides(), src.scalar_type(), device);
-    at::Tensor dst = host_view(out);
-    enqueue(device, info.name, [src, dst]() mutable { dst.copy_(src); });
+    enqueue(device, info.name, [src, dst = TensorSnapshot(out)] { dst.view().copy_(src); });
     return out;
   };
 
-  for (auto& r : *results) {
+  for (auto& r : run->outputs) {
     if (r.isTensor()) {
       stack->push_back(to_device(r.toTensor()));
     } else if (r.isTensorList()) {
@@ -228,18 +222,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
 
 // ---- public helpers ---------------------------------------------------------------
 
-at::Tensor host_view(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != kNeuron) {
-    // CPU scalars are read when the task runs: snapshot them now.
-    return t.defined() && t.dim() == 0 && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.clone() : t;
-  }
-  auto* base = static_cast<char*>(t.storage().data_ptr().get());
-  void* data = base ? runtime::host_address(base + t.storage_offset() * int64_t(t.itemsize())) : nullptr;
-  at::Tensor v = at::from_blob(data, t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
-  if (t.is_conj()) v._set_conj(true);
-  if (t.is_neg()) v._set_neg(true);
-  return v;
-}
+at::Tensor host_view(const at::Tensor& t) { return TensorSnapshot(t).view(); }
 
 namespace detail {
 
@@ -318,46 +301,47 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   }
   if (plan->views_only) return;
 
-  auto host_args = host_arguments(op, info, args, device);
-  std::vector<at::Tensor> host_outputs;
-  host_outputs.reserve(new_outputs.size());
-  for (const auto& t : new_outputs) host_outputs.push_back(host_view(t));
-
+  HostArgs host = host_arguments(op, info, args, device);
   if (plan->has_new_outputs && info.out_variant) {
     // Append the out= arguments, one per return, in return order.
     size_t next = 0;
     for (size_t r = 0; r < plan->returns.size(); ++r) {
-      if (op.schema().returns()[r].type()->kind() == c10::TypeKind::ListType) {
-        c10::List<at::Tensor> list;
-        for (size_t k = 0; k < plan->returns[r].size(); ++k) list.push_back(host_outputs[next++]);
-        host_args.emplace_back(std::move(list));
-      } else {
-        host_args.emplace_back(host_outputs[next++]);
-      }
+      size_t n = plan->returns[r].size();
+      if (op.schema().returns()[r].type()->kind() == c10::TypeKind::ListType)
+        host.push_tensor_list(c10::ArrayRef<at::Tensor>(new_outputs).slice(next, n));
+      else
+        host.push_tensor(new_outputs[next]);
+      next += n;
     }
-    enqueue(device, info.name, [out_op = *info.out_variant, host_args = std::move(host_args)]() mutable {
+    enqueue(device, info.name, [out_op = *info.out_variant, host = std::move(host)] {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      out_op.redispatchBoxed(kCPUKeys, &host_args);
+      auto stack = host.materialize();
+      out_op.redispatchBoxed(kCPUKeys, &stack);
     });
     return;
   }
 
-  // No out= overload: run the functional kernel and copy new results into
+  // No out= overload (or nothing new): run the op and copy new results into
   // their device buffers.
+  HostArgs outputs;
+  for (const auto& t : new_outputs) outputs.push_tensor(t);
   std::vector<std::vector<int>> new_index(plan->returns.size());
   int next = 0;
   for (size_t r = 0; r < plan->returns.size(); ++r)
     for (const auto& spec : plan->returns[r]) new_index[r].push_back(spec.kind == OutputSpec::kNew ? next++ : -1);
   enqueue(device, info.name,
-          [op, host_args = std::move(host_args), host_outputs = std::move(host_outputs),
-           new_index = std::move(new_index)]() mutable {
+          [op, host = std::move(host), outputs = std::move(outputs), new_index = std::move(new_index),
+           has_new = plan->has_new_outputs] {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
-            op.redispatchBoxed(kCPUKeys, &host_args);
-            for (size_t r = 0; r < new_index.size() && r < host_args.size(); ++r) {
+            auto stack = host.materialize();
+            op.redispatchBoxed(kCPUKeys, &stack);
+            if (!has_new) return;
+            auto out_views = outputs.materialize();
+            for (size_t r = 0; r < new_index.size() && r < stack.size(); ++r) {
               size_t k = 0;
-              for_each_tensor(host_args[r], [&](const at::Tensor& t) {
+              for_each_tensor(stack[r], [&](const at::Tensor& t) {
                 int idx = k < new_index[r].size() ? new_index[r][k] : -1;
-                if (idx >= 0) host_outputs[idx].copy_(t);
+                if (idx >= 0) out_views[idx].toTensor().copy_(t);
                 ++k;
               });
             }
@@ -371,17 +355,25 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 namespace {
-// CompositeExplicitAutograd kernels of the _foreach_* ops loop over the list
-// and would launch one task per tensor. Registered here, each call is one
-// task running the CPU foreach kernel over all host views.
-struct ForeachRegistration {
-  ForeachRegistration() {
+// Ops whose CompositeExplicitAutograd kernel would launch many small tasks
+// where the CPU kernel does the work in one: the _foreach_* family (a loop
+// over the list), and ops that also have a CPU kernel (layer_norm's
+// composite form goes through batch_norm plus reshapes, for example).
+// Registered for neuron, each call is one task running the CPU kernel.
+struct SingleTaskRegistration {
+  SingleTaskRegistration() {
+    static const std::unordered_set<std::string> with_cpu_kernel = {
+        "aten::native_layer_norm", "aten::native_group_norm", "aten::_stack", "aten::addr",
+        "aten::all", "aten::any"};
     auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+      bool foreach = name.name.rfind("aten::_foreach_", 0) == 0;
+      if (!foreach && !with_cpu_kernel.count(name.name)) continue;
+      auto op = c10::Dispatcher::singleton().findOp(name);
+      if (!foreach && !(op && op->hasKernelForDispatchKey(c10::DispatchKey::CPU))) continue;
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&torchneuron::aten::launch>());
     }
   }
-} foreach_registration;
+} single_task_registration;
 }  // namespace

@@ -1,0 +1,52 @@
+// An op's arguments captured at launch, turned into CPU values inside the task.
+//
+// The host records only where each tensor's data is and how it is laid out;
+// the worker builds the CPU views over device memory. That keeps tensor
+// construction (and its allocations) off the host thread, which is what an
+// eager program waits on, and pins the layout a tensor had at launch even if
+// the host later resizes or rebinds it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
+
+#include <vector>
+
+namespace torchneuron::aten {
+
+class TensorSnapshot {
+ public:
+  explicit TensorSnapshot(const at::Tensor& t);
+  // A CPU tensor over the device memory (or the captured CPU tensor).
+  at::Tensor view() const;
+
+ private:
+  void* data_ = nullptr;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;  // Undefined: `host_` is used as it is
+  bool conj_ = false, neg_ = false;
+  c10::SmallVector<int64_t, 5> sizes_, strides_;
+  at::Tensor host_;
+};
+
+class HostArgs {
+ public:
+  // Appends an argument; tensors (and tensors inside lists) are snapshotted.
+  void push(const c10::IValue& value);
+  void push_tensor(const at::Tensor& t);
+  void push_tensor_list(c10::ArrayRef<at::Tensor> tensors);
+  // The CPU stack for the kernel. Call inside the task.
+  torch::jit::Stack materialize() const;
+
+ private:
+  enum class Kind : uint8_t { kValue, kTensor, kTensorList, kOptionalTensorList };
+  struct Slot {
+    Kind kind;
+    uint32_t first, count;  // into values_ (kValue) or tensors_
+  };
+  c10::SmallVector<Slot, 8> slots_;
+  std::vector<c10::IValue> values_;
+  c10::SmallVector<TensorSnapshot, 4> tensors_;
+};
+
+}  // namespace torchneuron::aten
