@@ -90,6 +90,8 @@ PYBIND11_MODULE(_C, m) {
     backend::set_current_stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(backend::kNeuron, c10::DeviceIndex(d)), id));
   });
 
+  m.def("_stream_priority", [](int64_t id) { return id > runtime::kPoolSize ? -1 : 0; });
+
   // generators
   m.def("_default_generator", [](int d) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(backend::default_generator(c10::DeviceIndex(d))));

@@ -54,7 +54,7 @@ def test_op_tracking_counts_launches():
     a = torch.ones(4, device="neuron")
     (a * 3).sum().item()
     executed = torchneuron.get_executed_ops()
-    assert executed.get("aten::mul.out", 0) >= 1
+    assert any(name.startswith("aten::mul") for name in executed)
     assert "aten::_local_scalar_dense" in executed
     assert torchneuron.get_fallback_ops() == {}
     torch.nonzero(a)

@@ -4,6 +4,7 @@
 // Device->host copies wait for the stream unless they target pinned memory
 // with non_blocking=True — the semantics of CUDA.
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
 #include "../backend/Current.h"
@@ -41,6 +42,12 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   bool src_dev = src.device().type() == kNeuron, dst_dev = dst.device().type() == kNeuron;
   TORCH_CHECK(src_dev || src.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device());
   TORCH_CHECK(dst_dev || dst.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device());
+  if (!src.sizes().equals(dst.sizes())) {
+    // Checked now, as CPU and CUDA do, rather than inside the task.
+    auto shape = at::infer_size_dimvector(dst.sizes(), src.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape).equals(dst.sizes()), "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
   if (dst.numel() == 0) return dst;
 
   if (src_dev && dst_dev) {

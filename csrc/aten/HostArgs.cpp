@@ -1,6 +1,7 @@
 #include "HostArgs.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
 #include "../backend/Current.h"
@@ -9,8 +10,9 @@ namespace torchneuron::aten {
 
 TensorSnapshot::TensorSnapshot(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != backend::kNeuron) {
-    // CPU scalars are read when the task runs: copy them now.
-    host_ = t.defined() && t.dim() == 0 && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.clone() : t;
+    // CPU scalars and CPU index tensors are read when the task runs: copy
+    // them now, so later writes by the host cannot reach the task.
+    host_ = t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number() ? t.clone() : t;
     return;
   }
   auto* base = static_cast<char*>(t.storage().data_ptr().get());
@@ -26,14 +28,21 @@ at::Tensor TensorSnapshot::view() const {
   if (dtype_ == c10::ScalarType::Undefined) return host_;
   size_t nbytes = at::detail::computeStorageNbytes(sizes_, strides_, c10::elementSize(dtype_));
   void* host = data_ ? runtime::host_address(data_) : nullptr;
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(host, c10::Device(c10::kCPU)), nullptr,
-                       false);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(host, c10::Device(c10::kCPU)),
+                       c10::GetCPUAllocator(), /*resizable=*/true);
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                     c10::scalarTypeToTypeMeta(dtype_));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes_, strides_);
   if (conj_) t._set_conj(true);
   if (neg_) t._set_neg(true);
   return t;
+}
+
+bool TensorSnapshot::restore(const at::Tensor& view) const {
+  if (dtype_ == c10::ScalarType::Undefined) return true;
+  if (!view.sizes().equals(sizes_) || !view.strides().equals(strides_)) return false;
+  if (view.data_ptr() != (data_ ? runtime::host_address(data_) : nullptr)) this->view().copy_(view);
+  return true;
 }
 
 void HostArgs::push(const c10::IValue& v) {
@@ -48,7 +57,11 @@ void HostArgs::push(const c10::IValue& v) {
       v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
     auto list = v.toListRef();
     slots_.push_back({Kind::kOptionalTensorList, uint32_t(tensors_.size()), uint32_t(list.size())});
-    for (const auto& e : list) tensors_.emplace_back(e.isTensor() ? e.toTensor() : at::Tensor());
+    none_.resize(tensors_.size() + list.size());
+    for (const auto& e : list) {
+      none_[tensors_.size()] = !e.isTensor();
+      tensors_.emplace_back(e.isTensor() ? e.toTensor() : at::Tensor());
+    }
     return;
   }
   slots_.push_back({Kind::kValue, uint32_t(values_.size()), 1});
@@ -85,16 +98,28 @@ torch::jit::Stack HostArgs::materialize() const {
       }
       case Kind::kOptionalTensorList: {
         c10::List<std::optional<at::Tensor>> list;
-        for (uint32_t i = 0; i < s.count; ++i) {
-          at::Tensor t = tensors_[s.first + i].view();
-          list.push_back(t.defined() ? std::optional<at::Tensor>(t) : std::nullopt);
-        }
+        for (uint32_t i = s.first; i < s.first + s.count; ++i)
+          list.push_back(none_[i] ? std::nullopt : std::optional<at::Tensor>(tensors_[i].view()));
         stack.emplace_back(std::move(list));
         break;
       }
     }
   }
   return stack;
+}
+
+bool HostArgs::restore(const torch::jit::Stack& materialized) const {
+  bool same = true;
+  for (size_t i = 0; i < slots_.size() && i < materialized.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.kind == Kind::kTensor) {
+      same = tensors_[s.first].restore(materialized[i].toTensor()) && same;
+    } else if (s.kind == Kind::kTensorList) {
+      auto list = materialized[i].toTensorList();
+      for (uint32_t k = 0; k < s.count && k < list.size(); ++k) same = tensors_[s.first + k].restore(list[k]) && same;
+    }  // values and index lists are never written
+  }
+  return same;
 }
 
 }  // namespace torchneuron::aten

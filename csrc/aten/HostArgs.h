@@ -18,8 +18,15 @@ namespace torchneuron::aten {
 class TensorSnapshot {
  public:
   explicit TensorSnapshot(const at::Tensor& t);
-  // A CPU tensor over the device memory (or the captured CPU tensor).
+  // A CPU tensor over the device memory (or the captured CPU tensor). Its
+  // storage is resizable: a kernel that grows an output (some out= kernels
+  // use it as scratch) moves it to host memory, and restore() copies the
+  // result back.
   at::Tensor view() const;
+  // After a kernel ran on `view`: false if the kernel left it with another
+  // layout; otherwise true, after copying the data back to device memory if
+  // the kernel moved it.
+  bool restore(const at::Tensor& view) const;
 
  private:
   void* data_ = nullptr;
@@ -37,6 +44,9 @@ class HostArgs {
   void push_tensor_list(c10::ArrayRef<at::Tensor> tensors);
   // The CPU stack for the kernel. Call inside the task.
   torch::jit::Stack materialize() const;
+  // restore() for every tensor of a stack made by materialize(); false if
+  // any kernel-visible layout changed.
+  bool restore(const torch::jit::Stack& materialized) const;
 
  private:
   enum class Kind : uint8_t { kValue, kTensor, kTensorList, kOptionalTensorList };
@@ -47,6 +57,9 @@ class HostArgs {
   c10::SmallVector<Slot, 8> slots_;
   std::vector<c10::IValue> values_;
   c10::SmallVector<TensorSnapshot, 4> tensors_;
+  // Optional-list entries that were None (as opposed to undefined tensors),
+  // kept apart so the rebuilt list matches the original entry for entry.
+  std::vector<bool> none_;
 };
 
 }  // namespace torchneuron::aten

@@ -4,6 +4,7 @@
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,6 +29,10 @@ struct OpInfo {
   PlanCache plans;
   OpCounters* counters;
   std::optional<c10::OperatorHandle> out_variant;  // writes straight into device memory
+  std::atomic<bool> out_variant_failed{false};      // its CPU kernel refused our outputs once
+  // Output shapes cannot be planned (data-dependent, or a Meta kernel that
+  // disagrees with the CPU kernel): run synchronously.
+  std::atomic<bool> synchronous{false};
   bool has_generator = false;
 };
 
@@ -81,7 +86,13 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
     const auto& schema = op.schema();
     slot->name = schema.overload_name().empty() ? schema.name() : schema.name() + "." + schema.overload_name();
     slot->counters = &op_counters(slot->name);
-    slot->out_variant = find_out_variant(op);
+    // max()/min() check for empty input only in the functional kernel.
+    static const std::unordered_set<std::string> functional_only = {"aten::max", "aten::min"};
+    if (!functional_only.count(slot->name)) slot->out_variant = find_out_variant(op);
+    // Their Meta kernels give offset2bag/bag_size shapes the CPU kernel does not produce.
+    static const std::unordered_set<std::string> meta_disagrees = {"aten::_embedding_bag",
+                                                                   "aten::_embedding_bag_forward_only"};
+    slot->synchronous = meta_disagrees.count(slot->name) > 0;
     for (const auto& a : schema.arguments())
       if (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)
         slot->has_generator = true;
@@ -100,10 +111,13 @@ c10::DeviceIndex common_device(const c10::OperatorHandle& op, const OpInfo& info
   const auto& schema = op.schema();
   std::optional<at::Device> device;
   for (size_t i = 0; i < args.size(); ++i) {
+    // Index lists (Tensor?[]) may hold CPU tensors, as CUDA allows for indexing.
+    bool index_list = args[i].isList() && !args[i].isTensorList() && !args[i].isIntList() &&
+                      !args[i].isDoubleList() && !args[i].isBoolList();
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       at::Device d = t.device();
-      if (d.type() == c10::DeviceType::CPU && t.dim() == 0) return;
+      if (d.type() == c10::DeviceType::CPU && (t.dim() == 0 || index_list)) return;
       if (!device && d.type() == kNeuron) {
         device = d;
         return;
@@ -230,9 +244,12 @@ void rethrow_task_error(std::string_view what, c10::Stream stream) {
   try {
     throw;
   } catch (c10::Error& e) {
-    e.add_context("while running " + std::string(what) + " on " + stream.device().str() + " stream " +
-                  std::to_string(stream.id()) + " (an asynchronous task; the error surfaces at the next "
-                  "synchronization, set NEURON_LAUNCH_BLOCKING=1 to raise it at the launching line)");
+    std::string where = "while running " + std::string(what) + " on " + stream.device().str() + " stream " +
+                        std::to_string(stream.id());
+    if (!backend::launch_blocking())
+      where += " (an asynchronous task; the error surfaces at the next synchronization, set "
+               "NEURON_LAUNCH_BLOCKING=1 to raise it at the launching line)";
+    e.add_context(where);
     throw;
   } catch (const std::exception& e) {
     TORCH_CHECK(false, what, " failed on ", stream.device().str(), ": ", e.what());
@@ -267,6 +284,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   backend::check_device_index(device);
   backend::lazy_init();
 
+  if (info.synchronous.load(std::memory_order_relaxed)) return launch_synchronous(op, info, args, stack, device);
   auto plan = info.plans.get(op, args);
   if (plan->synchronous) return launch_synchronous(op, info, args, stack, device);
 
@@ -291,6 +309,8 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
         new_outputs.push_back(out);
       } else if (spec.kind == OutputSpec::kArgument) {
         out = *flat[spec.arg];
+      } else if (spec.kind == OutputSpec::kUndefined) {
+        out = at::Tensor();
       } else {
         out = make_view(*flat[spec.arg], spec.geometry);
       }
@@ -301,48 +321,64 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   }
   if (plan->views_only) return;
 
-  HostArgs host = host_arguments(op, info, args, device);
-  if (plan->has_new_outputs && info.out_variant) {
-    // Append the out= arguments, one per return, in return order.
-    size_t next = 0;
-    for (size_t r = 0; r < plan->returns.size(); ++r) {
-      size_t n = plan->returns[r].size();
-      if (op.schema().returns()[r].type()->kind() == c10::TypeKind::ListType)
-        host.push_tensor_list(c10::ArrayRef<at::Tensor>(new_outputs).slice(next, n));
-      else
-        host.push_tensor(new_outputs[next]);
-      next += n;
-    }
-    enqueue(device, info.name, [out_op = *info.out_variant, host = std::move(host)] {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      auto stack = host.materialize();
-      out_op.redispatchBoxed(kCPUKeys, &stack);
-    });
-    return;
-  }
-
-  // No out= overload (or nothing new): run the op and copy new results into
-  // their device buffers.
+  // The task: the out= overload writes new results straight into device
+  // memory; without one (or if it refuses, as a few out= kernels do when
+  // they want to resize), the functional kernel runs and its results are
+  // copied into the device buffers.
   HostArgs outputs;
   for (const auto& t : new_outputs) outputs.push_tensor(t);
-  std::vector<std::vector<int>> new_index(plan->returns.size());
+  std::vector<std::vector<int>> new_index(plan->returns.size());  // return -> index into outputs, or -1
   int next = 0;
   for (size_t r = 0; r < plan->returns.size(); ++r)
     for (const auto& spec : plan->returns[r]) new_index[r].push_back(spec.kind == OutputSpec::kNew ? next++ : -1);
+  bool use_out = plan->has_new_outputs && !plan->has_undefined_outputs && info.out_variant &&
+                 !info.out_variant_failed.load(std::memory_order_relaxed);
   enqueue(device, info.name,
-          [op, host = std::move(host), outputs = std::move(outputs), new_index = std::move(new_index),
-           has_new = plan->has_new_outputs] {
+          [op, &info, use_out, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
+           new_index = std::move(new_index)] {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             auto stack = host.materialize();
-            op.redispatchBoxed(kCPUKeys, &stack);
-            if (!has_new) return;
             auto out_views = outputs.materialize();
+            if (use_out) {
+              auto with_out = stack;
+              for (size_t r = 0, next = 0; r < new_index.size(); ++r) {
+                if (op.schema().returns()[r].type()->kind() != c10::TypeKind::ListType) {
+                  with_out.push_back(out_views[next++]);
+                  continue;
+                }
+                c10::List<at::Tensor> list;
+                for (size_t k = 0; k < new_index[r].size(); ++k) list.push_back(out_views[next++].toTensor());
+                with_out.emplace_back(std::move(list));
+              }
+              try {
+                info.out_variant->redispatchBoxed(kCPUKeys, &with_out);
+                if (outputs.restore(out_views)) return;
+              } catch (const c10::Error&) {
+              }
+              out_views = outputs.materialize();  // fresh views: the failed kernel may have changed them
+            }
+            auto inputs = stack;  // written arguments (out=, in-place) to restore afterwards
+            op.redispatchBoxed(kCPUKeys, &stack);
+            // The functional kernel succeeded where the out= one did not: the
+            // input was fine, the out= kernel is the problem; stop using it.
+            if (use_out) info.out_variant_failed.store(true, std::memory_order_relaxed);
+            TORCH_CHECK(host.restore(inputs), info.name, ": the CPU kernel gave an output argument another layout "
+                        "than the one planned from the op's Meta kernel");
             for (size_t r = 0; r < new_index.size() && r < stack.size(); ++r) {
               size_t k = 0;
               for_each_tensor(stack[r], [&](const at::Tensor& t) {
                 int idx = k < new_index[r].size() ? new_index[r][k] : -1;
-                if (idx >= 0) out_views[idx].toTensor().copy_(t);
                 ++k;
+                if (idx < 0) return;
+                const at::Tensor& out = out_views[idx].toTensor();
+                if (!t.sizes().equals(out.sizes())) {
+                  // The Meta kernel disagrees with the CPU kernel: from now on
+                  // this op runs synchronously, with shapes from the CPU kernel.
+                  info.synchronous.store(true, std::memory_order_relaxed);
+                  TORCH_CHECK(false, info.name, ": the CPU kernel returned an output of shape ", t.sizes(),
+                              " where the Meta kernel planned ", out.sizes(), "; the op now runs synchronously");
+                }
+                out.copy_(t);
               });
             }
           });
@@ -355,25 +391,33 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 namespace {
-// Ops whose CompositeExplicitAutograd kernel would launch many small tasks
-// where the CPU kernel does the work in one: the _foreach_* family (a loop
-// over the list), and ops that also have a CPU kernel (layer_norm's
-// composite form goes through batch_norm plus reshapes, for example).
-// Registered for neuron, each call is one task running the CPU kernel.
-struct SingleTaskRegistration {
-  SingleTaskRegistration() {
-    static const std::unordered_set<std::string> with_cpu_kernel = {
-        "aten::native_layer_norm", "aten::native_group_norm", "aten::_stack", "aten::addr",
-        "aten::all", "aten::any"};
+// Ops that would otherwise reach neuron through a composite kernel, launched
+// directly instead, each call one task running the CPU kernel:
+// - structured ops (add.Tensor, mm, ...): their composite wrapper runs the
+//   C++ meta function, allocates, then dispatches the out= op; launching the
+//   op itself skips that hop (the output plan is cached) and lets the device
+//   check name the op;
+// - the _foreach_* family, whose composite kernel loops over the list;
+// - ops whose composite form is a decomposition although a CPU kernel exists
+//   (layer_norm's goes through batch_norm plus reshapes, for example).
+struct DirectLaunchRegistration {
+  DirectLaunchRegistration() {
+    static const std::unordered_set<std::string> decomposed = {
+        "aten::native_layer_norm", "aten::native_group_norm", "aten::_stack", "aten::addr", "aten::all", "aten::any"};
+    static const std::unordered_set<std::string> keep_composite = {"aten::copy_"};  // -> _copy_from
+    auto& dispatcher = c10::Dispatcher::singleton();
     auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0 || keep_composite.count(name.name)) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
       bool foreach = name.name.rfind("aten::_foreach_", 0) == 0;
-      if (!foreach && !with_cpu_kernel.count(name.name)) continue;
-      auto op = c10::Dispatcher::singleton().findOp(name);
-      if (!foreach && !(op && op->hasKernelForDispatchKey(c10::DispatchKey::CPU))) continue;
+      bool cpu = op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
+      bool structured = cpu && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+      if (!foreach && !structured && !(cpu && decomposed.count(name.name))) continue;
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&torchneuron::aten::launch>());
     }
   }
-} single_task_registration;
+} direct_launch_registration;
 }  // namespace

@@ -1,8 +1,11 @@
 #include "OutputPlan.h"
 
+#include "../runtime/Runtime.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/hash.h>
 
+#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 
@@ -20,7 +23,7 @@ void add_tensor(Key& k, const at::Tensor& t) {
     return;
   }
   k.push_back((int64_t(t.scalar_type()) << 8) | (int64_t(t.device().type()) << 1) | (t.is_conj() ? 1 : 0));
-  k.push_back((t.dim() << 2) | (t.is_neg() ? 1 : 0));
+  k.push_back((t.dim() << 2) | (t.is_neg() ? 1 : 0) | (t.unsafeGetTensorImpl()->is_wrapped_number() ? 2 : 0));
   for (auto s : t.sizes()) k.push_back(s);
   for (auto s : t.strides()) k.push_back(s);
   k.push_back(t.storage_offset());
@@ -101,7 +104,9 @@ size_t hash_key(const Key& k) {
 // ---- meta execution --------------------------------------------------------
 
 at::Tensor to_meta(const at::Tensor& t) {
-  if (!t.defined()) return t;
+  // Python scalars arrive as wrapped numbers, which must stay CPU tensors
+  // (type promotion ranks them lower; Meta kernels accept CPU scalars).
+  if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   // Same geometry over a meta storage of the same size, so that bounds
   // checks (as_strided, set_) behave as on the device.
   c10::Allocator* meta = c10::GetAllocator(c10::kMeta);
@@ -170,9 +175,12 @@ std::shared_ptr<OutputPlan> compute_plan(const c10::OperatorHandle& op, c10::Arr
   }
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     // No usable Meta kernel (data-dependent shapes, or invalid input, which
     // the synchronous path reports with the CPU kernel's own error).
+    if (runtime::config().log_level >= 1)
+      std::fprintf(stderr, "[torchneuron] %s runs synchronously: its Meta kernel failed: %s\n",
+                   c10::toString(op.operator_name()).c_str(), e.what());
     plan->synchronous = true;
     return plan;
   }
@@ -187,6 +195,12 @@ std::shared_ptr<OutputPlan> compute_plan(const c10::OperatorHandle& op, c10::Arr
   for (const auto& r : stack) {
     std::vector<OutputSpec> specs;
     for_each_tensor(r, [&](const at::Tensor& t) {
+      if (!t.defined()) {
+        specs.push_back({OutputSpec::kUndefined, -1, Geometry{c10::ScalarType::Undefined}});
+        plan->has_undefined_outputs = true;
+        all_views = false;
+        return;
+      }
       OutputSpec spec{OutputSpec::kNew, -1, geometry_of(t)};
       for (size_t j = 0; j < flat_meta.size(); ++j) {
         if (!flat_meta[j].defined()) continue;

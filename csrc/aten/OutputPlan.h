@@ -26,7 +26,7 @@ struct Geometry {
 };
 
 struct OutputSpec {
-  enum Kind : uint8_t { kNew, kArgument, kView };
+  enum Kind : uint8_t { kNew, kArgument, kView, kUndefined };
   Kind kind;
   int arg = -1;  // flat index of the argument tensor aliased (kArgument, kView)
   Geometry geometry;
@@ -42,6 +42,7 @@ struct OutputPlan {
   std::vector<std::pair<int, Geometry>> resized_args;
   bool views_only = false;  // metadata-only op: nothing to launch
   bool has_new_outputs = false;
+  bool has_undefined_outputs = false;  // e.g. convolution_backward with a partial output_mask
 };
 
 // Visits every tensor of an argument list in order; the position in this

@@ -235,7 +235,11 @@ class DeviceCache {
   }
 
   void release_cached() {
-    // Wait for blocks still used by other streams, so they can be released too.
+    // Freed blocks may still be in use by queued tasks of their own stream
+    // (reuse is stream-ordered, release is not): wait for the device first,
+    // as cudaFree does.
+    runtime::wait_device_idle(device_);
+    // Blocks still used by other streams can be released too now.
     for (Block* b : pending_)
       for (auto& e : b->pending) e.synchronize();
     process_pending();

@@ -63,9 +63,8 @@ c10::DeviceIndex device_count() noexcept {
 
 void check_device_index(c10::DeviceIndex device) {
   TORCH_CHECK_VALUE(runtime::config().error.empty(), "neuron runtime: invalid environment: ", runtime::config().error);
-  TORCH_CHECK(device >= 0 && device < device_count(), "Invalid device argument ", int(device),
-              ": did you call init? neuron has ", int(device_count()), " device(s) (NEURON_RT_NUM_CORES / ",
-              "NEURON_RT_VISIBLE_CORES)");
+  TORCH_CHECK(device >= 0 && device < device_count(), "Invalid device argument ", int(device), ": neuron has ",
+              int(device_count()), " device(s) (set by NEURON_RT_NUM_CORES / NEURON_RT_VISIBLE_CORES)");
 }
 
 c10::DeviceIndex current_device() { return t_device; }

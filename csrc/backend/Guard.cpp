@@ -63,6 +63,13 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device_index(d.index() < 0 ? current_device() : d.index());
+    c10::DeviceCapability cap;  // every dtype the kernels support, which is all but quantized ones
+    auto& types = cap.capability_data.supported_scalar_types;
+    types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = types.has_QUInt4x2 = types.has_QUInt2x4 = false;
+    return cap;
+  }
   bool queryStream(const c10::Stream& stream) const override { return runtime_stream(stream).query(); }
   void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override { synchronize_device(device_index); }

@@ -1,5 +1,6 @@
 #include "Config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <stdexcept>
@@ -11,6 +12,14 @@ namespace {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
+}
+
+// The whole of `text` as a non-negative integer, or -1.
+int parse_count(const std::string& text) {
+  if (text.empty() || text.size() > 6) return -1;
+  for (char ch : text)
+    if (ch < '0' || ch > '9') return -1;
+  return std::stoi(text);
 }
 
 Config parse() {
@@ -26,17 +35,13 @@ Config parse() {
     std::string num = env("NEURON_RT_NUM_CORES");
     if (!visible.empty()) {
       c.visible_cores = parse_core_list(visible);
-      if (!num.empty() && std::stoi(num) != int(c.visible_cores.size()))
+      if (!num.empty() && parse_count(num) != int(c.visible_cores.size()))
         throw std::invalid_argument("NEURON_RT_NUM_CORES=" + num + " disagrees with NEURON_RT_VISIBLE_CORES='" +
                                     visible + "' (" + std::to_string(c.visible_cores.size()) + " cores)");
     } else {
-      int n = 2;
-      if (!num.empty()) {
-        size_t used = 0;
-        n = std::stoi(num, &used);
-        if (used != num.size() || n < 0 || n > 64)
-          throw std::invalid_argument("NEURON_RT_NUM_CORES='" + num + "': expected an integer in [0, 64]");
-      }
+      int n = num.empty() ? 2 : parse_count(num);
+      if (n < 0 || n > 64)
+        throw std::invalid_argument("NEURON_RT_NUM_CORES='" + num + "': expected an integer in [0, 64]");
       for (int i = 0; i < n; ++i) c.visible_cores.push_back(i);
     }
 
@@ -94,15 +99,14 @@ std::vector<int> parse_core_list(const std::string& text) {
     std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (part.empty()) throw bad();
     size_t dash = part.find('-');
-    try {
-      size_t used = 0;
-      int lo = std::stoi(part.substr(0, dash), &used);
-      int hi = lo;
-      if (dash != std::string::npos) hi = std::stoi(part.substr(dash + 1));
-      if (lo < 0 || hi < lo || hi > 63) throw bad();
-      for (int i = lo; i <= hi; ++i) cores.push_back(i);
-    } catch (const std::invalid_argument&) {
-      throw bad();
+    int lo = parse_count(part.substr(0, dash));
+    int hi = dash == std::string::npos ? lo : parse_count(part.substr(dash + 1));
+    if (lo < 0 || hi < lo || hi > 63) throw bad();
+    for (int i = lo; i <= hi; ++i) {
+      if (std::find(cores.begin(), cores.end(), i) != cores.end())
+        throw std::invalid_argument("NEURON_RT_VISIBLE_CORES='" + text + "': core " + std::to_string(i) +
+                                    " is listed twice");
+      cores.push_back(i);
     }
     if (comma == std::string::npos) break;
     start = comma + 1;

@@ -144,10 +144,15 @@ int stream_from_pool(int device, int priority) {
   return 1 + int(ds.next_low++ % kPoolSize);
 }
 
-void synchronize_device(int device) {
+void wait_device_idle(int device) {
   DeviceStreams& ds = device_streams(device);
   for (auto& slot : ds.streams)
     if (Stream* s = slot.load(std::memory_order_acquire)) s->wait_until(s->enqueued());
+}
+
+void synchronize_device(int device) {
+  wait_device_idle(device);
+  DeviceStreams& ds = device_streams(device);
   for (auto& slot : ds.streams)
     if (Stream* s = slot.load(std::memory_order_acquire)) s->rethrow_error();
 }

@@ -72,5 +72,7 @@ Stream& get_stream(int device, int id);
 int stream_from_pool(int device, int priority);
 // Waits for every stream of a device, then rethrows the first error found.
 void synchronize_device(int device);
+// Waits for every stream of a device; errors stay for the next synchronize.
+void wait_device_idle(int device);
 
 }  // namespace torchneuron::runtime

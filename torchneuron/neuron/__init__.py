@@ -71,3 +71,11 @@ __all__ = [
     "max_memory_reserved", "memory_stats", "memory_summary", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "empty_cache", "mem_get_info",
 ]
+
+
+def __getattr__(name: str):
+    # torch.utils.checkpoint saves device RNG state only when
+    # `device_module._initialized` is true (as torch.cuda provides).
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.neuron' has no attribute '{name}'")

@@ -16,32 +16,35 @@ from torchneuron.neuron._device import _get_device_index
 
 
 
-class _NeuronKind(type):
-    """``isinstance(x, torch.neuron.Stream)`` holds for any neuron ``torch.Stream``."""
+class _NeuronEventKind(type):
+    """``isinstance(x, torch.neuron.Event)`` holds for any neuron ``torch.Event``."""
 
     def __instancecheck__(cls, obj) -> bool:
-        return isinstance(obj, cls._base) and obj.device.type == "neuron"
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
 
 
-class Stream(metaclass=_NeuronKind):
-    """A neuron stream (a ``torch.Stream``). ``priority`` < 0 takes a high-priority stream.
+class Stream(torch.Stream):
+    """A neuron stream. ``priority`` < 0 takes a high-priority stream from the pool."""
 
-    PyTorch's C++ checks accept only ``torch.Stream`` itself, not subclasses,
-    so this returns one rather than an instance of a subclass.
-    """
-
-    _base = torch.Stream
-
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs) -> torch.Stream:
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
         if "stream_id" in kwargs:
-            return torch.Stream(**kwargs)
-        return torch.Stream(torch.device("neuron", _get_device_index(device)), priority=priority)
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, torch.device("neuron", _get_device_index(device)), priority=priority)
+
+    @property
+    def priority(self) -> int:
+        return _C._stream_priority(self.stream_id)
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Stream device=neuron:{self.device_index} id={self.stream_id} priority={self.priority}>"
 
 
-class Event(metaclass=_NeuronKind):
-    """A neuron event (a ``torch.Event``); ``enable_timing=True`` allows ``elapsed_time``."""
+class Event(metaclass=_NeuronEventKind):
+    """A neuron event (a ``torch.Event``); ``enable_timing=True`` allows ``elapsed_time``.
 
-    _base = torch.Event
+    PyTorch's ``Event.elapsed_time`` accepts only ``torch.Event`` itself, not a
+    subclass, so this returns one.
+    """
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
         if interprocess:
@@ -49,16 +52,16 @@ class Event(metaclass=_NeuronKind):
         return torch.Event(device="neuron", enable_timing=enable_timing, blocking=blocking)
 
 
-def _wrap(packed: tuple[int, int, int]) -> torch.Stream:
+def _wrap(packed: tuple[int, int, int]) -> Stream:
     stream_id, device_index, device_type = packed
-    return torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
+    return Stream(stream_id=stream_id, device_index=device_index, device_type=device_type)
 
 
-def current_stream(device: Any = None) -> torch.Stream:
+def current_stream(device: Any = None) -> Stream:
     return _wrap(_C._current_stream(_get_device_index(device)))
 
 
-def default_stream(device: Any = None) -> torch.Stream:
+def default_stream(device: Any = None) -> Stream:
     return _wrap(_C._default_stream(_get_device_index(device)))
 
 
