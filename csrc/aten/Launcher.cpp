@@ -76,7 +76,7 @@ std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& o
   return std::nullopt;
 }
 
-OpInfo& op_info(const c10::OperatorHandle& op) {
+OpInfo& op_info_slow(const c10::OperatorHandle& op) {
   static std::mutex mutex;
   static auto* infos = new std::unordered_map<const void*, std::unique_ptr<OpInfo>>();
   std::lock_guard<std::mutex> lock(mutex);
@@ -98,6 +98,14 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
         slot->has_generator = true;
   }
   return *slot;
+}
+
+// Per-thread cache in front of the shared table: no lock on the launch path.
+OpInfo& op_info(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const void*, OpInfo*> cache;
+  OpInfo*& info = cache[&op.schema()];
+  if (!info) info = &op_info_slow(op);
+  return *info;
 }
 
 // ---- devices ------------------------------------------------------------------
@@ -288,7 +296,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   auto plan = info.plans.get(op, args);
   if (plan->synchronous) return launch_synchronous(op, info, args, stack, device);
 
-  std::vector<const at::Tensor*> flat;
+  c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
   for (const auto& [j, g] : plan->resized_args) {
     at::Tensor t = *flat[j];  // shares the TensorImpl: resizing it resizes the caller's tensor
@@ -327,15 +335,11 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   // copied into the device buffers.
   HostArgs outputs;
   for (const auto& t : new_outputs) outputs.push_tensor(t);
-  std::vector<std::vector<int>> new_index(plan->returns.size());  // return -> index into outputs, or -1
-  int next = 0;
-  for (size_t r = 0; r < plan->returns.size(); ++r)
-    for (const auto& spec : plan->returns[r]) new_index[r].push_back(spec.kind == OutputSpec::kNew ? next++ : -1);
   bool use_out = plan->has_new_outputs && !plan->has_undefined_outputs && info.out_variant &&
                  !info.out_variant_failed.load(std::memory_order_relaxed);
   enqueue(device, info.name,
-          [op, &info, use_out, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
-           new_index = std::move(new_index)] {
+          [op, &info, use_out, host = host_arguments(op, info, args, device), outputs = std::move(outputs), plan] {
+            const auto& new_index = plan->new_index;
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             auto stack = host.materialize();
             auto out_views = outputs.materialize();

@@ -222,6 +222,11 @@ std::shared_ptr<OutputPlan> compute_plan(const c10::OperatorHandle& op, c10::Arr
     });
     plan->returns.push_back(std::move(specs));
   }
+  int next = 0;
+  for (const auto& specs : plan->returns) {
+    plan->new_index.emplace_back();
+    for (const auto& spec : specs) plan->new_index.back().push_back(spec.kind == OutputSpec::kNew ? next++ : -1);
+  }
   bool mutates = std::any_of(flat_written.begin(), flat_written.end(), [](bool w) { return w; });
   plan->views_only = any_output && all_views && !mutates;
   return plan;

@@ -40,6 +40,9 @@ struct OutputPlan {
   std::vector<std::vector<OutputSpec>> returns;
   // Written arguments whose geometry the op changes (out= resizing).
   std::vector<std::pair<int, Geometry>> resized_args;
+  // For each return, the position of each of its tensors among the new
+  // outputs, or -1 for outputs that are not new.
+  std::vector<std::vector<int>> new_index;
   bool views_only = false;  // metadata-only op: nothing to launch
   bool has_new_outputs = false;
   bool has_undefined_outputs = false;  // e.g. convolution_backward with a partial output_mask

@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+extern "C" void omp_set_num_threads(int);  // from the OpenMP runtime torch loads
+
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -18,6 +20,13 @@ thread_local c10::DeviceIndex t_device = 0;
 thread_local std::array<int8_t, kMaxDevices> t_stream_ids{};  // 0 = default stream
 
 void on_fork_child() { g_bad_fork = true; }
+
+// Intra-op parallelism of the kernels a stream worker runs (OpenMP's thread
+// count is a per-thread setting). By default torch's; measured on 2 cores,
+// fewer threads leave the host more room but slow the kernels more.
+void configure_worker() {
+  if (int n = runtime::config().worker_threads) omp_set_num_threads(n);
+}
 
 // Runtime errors are std exceptions; surface them as the c10 errors PyTorch
 // maps to Python exception types.
@@ -47,6 +56,7 @@ void lazy_init() {
     const auto& cfg = runtime::config();
     TORCH_CHECK(cfg.error.empty(), "neuron runtime: invalid environment: ", cfg.error);
     pthread_atfork(nullptr, nullptr, on_fork_child);
+    runtime::set_worker_start_hook(&configure_worker);
     g_initialized = true;
   });
   TORCH_CHECK(!g_bad_fork.load(), "Cannot re-initialize neuron in forked subprocess. To use neuron with "

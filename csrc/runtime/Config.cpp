@@ -51,6 +51,13 @@ Config parse() {
     std::string blocking = env("NEURON_LAUNCH_BLOCKING");
     c.launch_blocking = !blocking.empty() && blocking != "0";
 
+    std::string threads = env("TORCHNEURON_WORKER_THREADS");
+    if (!threads.empty()) {
+      c.worker_threads = parse_count(threads);
+      if (c.worker_threads < 1 || c.worker_threads > 256)
+        throw std::invalid_argument("TORCHNEURON_WORKER_THREADS='" + threads + "': expected an integer in [1, 256]");
+    }
+
     std::string level = env("TORCHNEURON_LOG_LEVEL");
     if (!level.empty()) c.log_level = std::atoi(level.c_str());
   } catch (const std::exception& e) {

@@ -13,6 +13,7 @@ struct Config {
   size_t device_memory_bytes = 0;   // per device; 0 = derive from platform and host RAM
   bool launch_blocking = false;     // NEURON_LAUNCH_BLOCKING
   int log_level = 0;                // TORCHNEURON_LOG_LEVEL (0 = silent)
+  int worker_threads = 0;           // TORCHNEURON_WORKER_THREADS: intra-op threads per worker (0: torch's)
   std::string error;                // non-empty when the environment is invalid
 };
 

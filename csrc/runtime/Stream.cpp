@@ -16,7 +16,10 @@ constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 constexpr auto kHostSpin = std::chrono::microseconds(20);
 
 std::atomic<bool> g_workers_started{false};
+std::atomic<void (*)()> g_worker_start_hook{nullptr};
 }  // namespace
+
+void set_worker_start_hook(void (*hook)()) { g_worker_start_hook = hook; }
 
 bool workers_started() { return g_workers_started.load(); }
 
@@ -39,6 +42,7 @@ uint64_t Stream::enqueue(Task task) {
 }
 
 void Stream::run() {
+  if (auto hook = g_worker_start_hook.load()) hook();
   for (;;) {
     Task task;
     {

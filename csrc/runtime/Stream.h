@@ -62,6 +62,10 @@ class Stream {
   std::atomic<bool> has_error_{false};
 };
 
+// Called at the start of every worker thread (e.g. to set its intra-op
+// thread count); set before the first enqueue.
+void set_worker_start_hook(void (*hook)());
+
 // Stream table. Id 0 is a device's default stream; ids 1..kPoolSize are the
 // low-priority pool and kPoolSize+1..2*kPoolSize the high-priority pool, as in
 // CUDA's stream pools. Streams are created on first use and live forever.
