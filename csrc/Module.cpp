@@ -98,7 +98,10 @@ PYBIND11_MODULE(_C, m) {
   });
 
   // allocator
-  m.def("_empty_cache", [] { backend::caching_allocator().emptyCache(); });
+  m.def("_empty_cache", [] {
+    py::gil_scoped_release no_gil;  // it waits for the device, whose tasks may need the GIL
+    backend::caching_allocator().emptyCache();
+  });
   m.def("_mem_get_info", [](int d) { return backend::caching_allocator().getMemoryInfo(c10::DeviceIndex(d)); });
 
   // op tracking

@@ -924,3 +924,43 @@ def test_error_on_second_device_does_not_affect_first():
         torch.neuron.synchronize(1)
     assert_same(x0 + 1, x + 1)
     assert_same(x1 + 1, x + 1)
+
+
+# ---- regressions found in review -------------------------------------------------
+
+
+def test_conjugate_and_negative_views_copy_and_compute():
+    z = torch.randn(3, dtype=torch.complex64)
+    zn = z.to("neuron")
+    torch.testing.assert_close(zn.conj().cpu(), z.conj())
+    torch.testing.assert_close((zn.conj() * 2).cpu(), z.conj() * 2)
+    y = torch.empty(3, dtype=torch.complex64, device="neuron")
+    y.copy_(zn.conj())
+    torch.testing.assert_close(y.cpu(), z.conj())
+    r = torch.randn(3)
+    torch.testing.assert_close(torch._neg_view(r.to("neuron")).cpu(), -r)
+
+
+def test_cpu_scalar_cannot_be_written_by_a_neuron_op():
+    c = torch.tensor(1.0)
+    with pytest.raises(RuntimeError, match="same device"):
+        c.add_(torch.tensor(2.0, device="neuron"))
+    assert c.item() == 1.0
+
+
+def test_out_argument_resized_by_a_synchronous_op():
+    x = torch.tensor([0.0, 1, 0, 2])
+    out = torch.empty(0, dtype=torch.long, device="neuron")
+    torch.nonzero(x.to("neuron"), out=out)
+    assert torch.equal(out.cpu(), torch.nonzero(x))
+
+
+@pytest.mark.parametrize("op", ["copy_", "add_"])
+def test_partial_overlap_between_written_and_read_arguments_raises(op):
+    x = torch.arange(8.0)
+    with pytest.raises(RuntimeError, match="unsupported operation") as cpu_error:
+        getattr(x[1:], op)(x[:-1])
+    xd = torch.arange(8.0, device="neuron")
+    with pytest.raises(type(cpu_error.value), match="unsupported operation"):
+        getattr(xd[1:], op)(xd[:-1])
+    torch.testing.assert_close(xd.cpu(), torch.arange(8.0))

@@ -485,3 +485,38 @@ def test_oom_frees_cache_and_retries(oom_run):
     assert res is not None, oom_run.get("retry_error")
     assert res["ok"] is True
     assert res["retries"] >= 1
+
+
+def test_resize_to_negative_size_leaves_tensor_unchanged():
+    x = torch.arange(4.0, device="neuron")
+    with pytest.raises(RuntimeError, match="negative dimension"):
+        x.resize_(-1)
+    assert x.shape == (4,)
+    assert torch.equal(x.cpu(), torch.arange(4.0))
+
+
+def test_empty_cache_releases_the_gil_while_waiting_for_the_device():
+    # A queued task that runs Python (a custom op's CPU kernel) must be able
+    # to finish while empty_cache waits for the device.
+    code = """
+import torch
+@torch.library.custom_op("tn_test::twice", mutates_args=(), device_types="cpu")
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+a = torch.randn(600, 600, device="neuron")
+x = torch.ones(3, device="neuron")
+twice(x)
+torch.neuron.synchronize()
+for _ in range(3):
+    a = a @ a
+y = twice(x)
+del a
+torch.neuron.empty_cache()
+print(y.cpu().tolist())
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[2.0, 2.0, 2.0]"

@@ -495,3 +495,22 @@ def test_launch_blocking_raises_at_the_launching_line():
     assert out["lineno"] == launch_lineno, out
     # The process carries on normally after the error.
     assert out.get("after") is True, out
+
+
+def test_resize_on_a_side_stream_keeps_old_contents_until_copied():
+    # resize_ copies the old contents on the current (busy) side stream; the
+    # old block, allocated on the default stream, must not be reused there
+    # before that copy has run.
+    n = 1024
+    x = torch.arange(n, dtype=torch.float32, device="neuron")
+    big = torch.randn(600, 600, device="neuron")
+    torch.neuron.synchronize()
+    side = torch.neuron.Stream()
+    with torch.neuron.stream(side):
+        for _ in range(4):
+            big = big @ big
+        x.resize_(2 * n)
+    y = torch.empty(n, device="neuron")
+    y.fill_(-7.0)
+    torch.neuron.synchronize()
+    assert torch.equal(x[:n].cpu(), torch.arange(n, dtype=torch.float32))

@@ -5,6 +5,7 @@
 // with non_blocking=True — the semantics of CUDA.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include "../backend/Current.h"
@@ -51,6 +52,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (dst.numel() == 0) return dst;
 
   if (src_dev && dst_dev) {
+    // The checks copy_ makes before handing devices it does not know to us.
+    at::assert_no_internal_overlap(dst);
+    at::assert_no_partial_overlap(dst, src);
     copy_between_devices(src, dst);
     return dst;
   }
@@ -68,9 +72,13 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   }
   // device -> host
   c10::DeviceIndex device = src.device().index();
+  bool blocking = !(non_blocking && dst.is_pinned());
+  // A blocking read sees the device's finished work on every stream, not only
+  // the current one (forgiving where CUDA would leave a race to the user).
+  if (blocking) runtime::wait_device_idle(device);
   auto src_view = host_view(src);
   enqueue(device, "copy_ (device to host)", [src_view, dst]() mutable { dst.copy_(src_view); });
-  if (!(non_blocking && dst.is_pinned())) backend::synchronize_stream(backend::current_stream(device));
+  if (blocking) backend::synchronize_stream(backend::current_stream(device));
   return dst;
 }
 
@@ -84,6 +92,17 @@ at::Tensor copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
+}
+
+// Copies keep the conjugate and negative bits (the CPU copy_ in the task
+// resolves them); materialising them first would copy_ again, endlessly.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace torchneuron::aten

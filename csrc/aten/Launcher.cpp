@@ -1,6 +1,7 @@
 #include "Launcher.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <torch/library.h>
 
@@ -33,6 +34,8 @@ struct OpInfo {
   // Output shapes cannot be planned (data-dependent, or a Meta kernel that
   // disagrees with the CPU kernel): run synchronously.
   std::atomic<bool> synchronous{false};
+  std::vector<bool> written;  // per schema argument: the op writes it (in-place, out=)
+  bool writes = false;
   bool has_generator = false;
 };
 
@@ -93,9 +96,12 @@ OpInfo& op_info_slow(const c10::OperatorHandle& op) {
     static const std::unordered_set<std::string> meta_disagrees = {"aten::_embedding_bag",
                                                                    "aten::_embedding_bag_forward_only"};
     slot->synchronous = meta_disagrees.count(slot->name) > 0;
-    for (const auto& a : schema.arguments())
+    for (const auto& a : schema.arguments()) {
       if (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)
         slot->has_generator = true;
+      slot->written.push_back(a.alias_info() && a.alias_info()->isWrite());
+      slot->writes = slot->writes || slot->written.back();
+    }
   }
   return *slot;
 }
@@ -125,7 +131,7 @@ c10::DeviceIndex common_device(const c10::OperatorHandle& op, const OpInfo& info
     for_each_tensor(args[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       at::Device d = t.device();
-      if (d.type() == c10::DeviceType::CPU && (t.dim() == 0 || index_list)) return;
+      if (d.type() == c10::DeviceType::CPU && (t.dim() == 0 || index_list) && !info.written[i]) return;
       if (!device && d.type() == kNeuron) {
         device = d;
         return;
@@ -141,6 +147,25 @@ c10::DeviceIndex common_device(const c10::OperatorHandle& op, const OpInfo& info
   for (const auto& a : args)
     if (a.isDevice() && a.toDevice().type() == kNeuron && a.toDevice().has_index()) return a.toDevice().index();
   return backend::current_device();
+}
+
+// The kernels see each argument through its own CPU view, so they cannot
+// detect aliasing between arguments: check written arguments here, on the
+// device tensors, as TensorIterator does on CPU and CUDA.
+void check_overlap(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!info.written[i]) continue;
+    for_each_tensor(args[i], [&](const at::Tensor& out) {
+      if (!out.defined()) return;
+      at::assert_no_internal_overlap(out);
+      for (size_t k = 0; k < args.size(); ++k) {
+        if (info.written[k]) continue;
+        for_each_tensor(args[k], [&](const at::Tensor& in) {
+          if (in.defined() && in.device() == out.device()) at::assert_no_partial_overlap(out, in);
+        });
+      }
+    });
+  }
 }
 
 // ---- argument translation -------------------------------------------------------
@@ -189,6 +214,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     torch::jit::Stack inputs, outputs;
   };
   auto run = std::make_shared<Run>();
+  runtime::wait_device_idle(device);  // like a blocking copy to the host: see every stream's work
   enqueue(device, info.name, [op, host = host_arguments(op, info, args, device), run] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     run->inputs = host.materialize();
@@ -207,7 +233,18 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     if (!r.defined()) return r;
     for (size_t j = 0; j < flat_views.size(); ++j) {
       if (!flat_views[j].defined() || flat_args[j]->device().type() != kNeuron) continue;
-      if (r.unsafeGetTensorImpl() == flat_views[j].unsafeGetTensorImpl()) return *flat_args[j];
+      if (r.unsafeGetTensorImpl() == flat_views[j].unsafeGetTensorImpl()) {
+        // An out= argument the kernel resized (e.g. nonzero(out=)): give the
+        // device tensor the new geometry and the data the kernel produced.
+        at::Tensor dev = *flat_args[j];
+        if (!r.sizes().equals(dev.sizes()) || !r.strides().equals(dev.strides()) ||
+            r.data_ptr() != runtime::host_address(dev.data_ptr())) {
+          dev.resize_(r.sizes());
+          if (!r.strides().equals(dev.strides())) dev.as_strided_(r.sizes(), r.strides());
+          enqueue(device, info.name, [src = r, dst = TensorSnapshot(dev)] { dst.view().copy_(src); });
+        }
+        return dev;
+      }
       const at::Tensor& base = *flat_args[j];
       auto* start = static_cast<char*>(base.storage().data_ptr().get());
       auto* p = static_cast<char*>(r.data_ptr());
@@ -291,6 +328,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   c10::DeviceIndex device = common_device(op, info, args);
   backend::check_device_index(device);
   backend::lazy_init();
+  if (info.writes) check_overlap(info, args);
 
   if (info.synchronous.load(std::memory_order_relaxed)) return launch_synchronous(op, info, args, stack, device);
   auto plan = info.plans.get(op, args);

@@ -25,7 +25,9 @@ void resize_bytes(const c10::Storage& storage, size_t new_size) {
     aten::enqueue(device, "resize_ (copy of old contents)",
                   [dst, src, keep] { std::memcpy(runtime::host_address(dst), runtime::host_address(src), keep); });
   }
-  // The old block returns to the pool on the current stream, after the copy.
+  // The old block may belong to another stream: it must not be reused there
+  // before the copy on this stream has read it.
+  caching_allocator().recordStream(storage.data_ptr(), current_stream(device));
   const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(new_data));
   const_cast<c10::Storage&>(storage).set_nbytes(new_size);
 }
@@ -67,10 +69,19 @@ void ensure_storage(const at::Tensor& self) {
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> format) {
   auto* impl = self.unsafeGetTensorImpl();
+  for (int64_t s : size)
+    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
   if (self.sizes() == size && (!format || self.is_contiguous(*format))) return self;
+  auto old_sizes = self.sizes().vec();
+  auto old_strides = self.strides().vec();
   impl->set_sizes_contiguous(size);
   if (format) impl->empty_tensor_restride(*format);
-  ensure_storage(self);
+  try {
+    ensure_storage(self);
+  } catch (...) {
+    impl->set_sizes_and_strides(old_sizes, old_strides);  // e.g. out of memory: the tensor is unchanged
+    throw;
+  }
   return self;
 }
 

@@ -77,7 +77,7 @@ class DeviceCache {
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
   Block* malloc(size_t requested, int stream) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     process_pending();
     size_t size = round_size(requested);
     bool small = size <= kSmallSize;
@@ -85,10 +85,15 @@ class DeviceCache {
     Block* block = find_free(pool, stream, size);
     if (!block) block = new_segment(size, small, stream);
     if (!block) {
-      // Free every cached segment and retry once, as CUDA does.
+      // Free every cached segment and retry once, as CUDA does. The wait for
+      // the device happens unlocked, so other threads can free meanwhile.
       stats_.num_alloc_retries++;
+      lock.unlock();
+      runtime::wait_device_idle(device_);
+      lock.lock();
       release_cached();
-      block = new_segment(size, small, stream);
+      block = find_free(pool, stream, size);
+      if (!block) block = new_segment(size, small, stream);
     }
     if (!block) raise_oom(requested);
 
@@ -138,6 +143,7 @@ class DeviceCache {
   }
 
   void empty_cache() {
+    runtime::wait_device_idle(device_);  // see release_cached()
     std::lock_guard<std::mutex> lock(mutex_);
     process_pending();
     release_cached();
@@ -234,11 +240,10 @@ class DeviceCache {
     }
   }
 
+  // Callers wait for the device first (unlocked): freed blocks may still be
+  // in use by queued tasks of their own stream (reuse is stream-ordered,
+  // release is not), as cudaFree waits.
   void release_cached() {
-    // Freed blocks may still be in use by queued tasks of their own stream
-    // (reuse is stream-ordered, release is not): wait for the device first,
-    // as cudaFree does.
-    runtime::wait_device_idle(device_);
     // Blocks still used by other streams can be released too now.
     for (Block* b : pending_)
       for (auto& e : b->pending) e.synchronize();

@@ -69,8 +69,10 @@ void Stream::run() {
       }
     }
     task = nullptr;  // release captures before signalling completion
-    completed_.fetch_add(1, std::memory_order_acq_rel);
-    if (host_waiters_.load(std::memory_order_acquire) > 0) {
+    // seq_cst pairs with the host's increment of host_waiters_: one of the
+    // two always sees the other's write, so no wake-up is lost.
+    completed_.fetch_add(1, std::memory_order_seq_cst);
+    if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       done_cv_.notify_all();
     }
@@ -84,10 +86,10 @@ void Stream::wait_until(uint64_t seq) const {
     if (completed_.load(std::memory_order_acquire) >= seq) return;
     std::this_thread::yield();
   }
-  host_waiters_.fetch_add(1, std::memory_order_acq_rel);
+  host_waiters_.fetch_add(1, std::memory_order_seq_cst);
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_acquire) >= seq; });
+    done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
   }
   host_waiters_.fetch_sub(1, std::memory_order_acq_rel);
 }
