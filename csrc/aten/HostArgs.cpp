@@ -38,10 +38,13 @@ at::Tensor TensorSnapshot::view() const {
   return t;
 }
 
-bool TensorSnapshot::restore(const at::Tensor& view) const {
+bool TensorSnapshot::restore(const at::Tensor& view, bool allow_moved) const {
   if (dtype_ == c10::ScalarType::Undefined) return true;
   if (!view.sizes().equals(sizes_) || !view.strides().equals(strides_)) return false;
-  if (view.data_ptr() != (data_ ? runtime::host_address(data_) : nullptr)) this->view().copy_(view);
+  if (view.data_ptr() != (data_ ? runtime::host_address(data_) : nullptr)) {
+    if (!allow_moved) return false;
+    this->view().copy_(view);
+  }
   return true;
 }
 
@@ -108,15 +111,16 @@ torch::jit::Stack HostArgs::materialize() const {
   return stack;
 }
 
-bool HostArgs::restore(const torch::jit::Stack& materialized) const {
+bool HostArgs::restore(const torch::jit::Stack& materialized, bool allow_moved) const {
   bool same = true;
   for (size_t i = 0; i < slots_.size() && i < materialized.size(); ++i) {
     const Slot& s = slots_[i];
     if (s.kind == Kind::kTensor) {
-      same = tensors_[s.first].restore(materialized[i].toTensor()) && same;
+      same = tensors_[s.first].restore(materialized[i].toTensor(), allow_moved) && same;
     } else if (s.kind == Kind::kTensorList) {
       auto list = materialized[i].toTensorList();
-      for (uint32_t k = 0; k < s.count && k < list.size(); ++k) same = tensors_[s.first + k].restore(list[k]) && same;
+      for (uint32_t k = 0; k < s.count && k < list.size(); ++k)
+        same = tensors_[s.first + k].restore(list[k], allow_moved) && same;
     }  // values and index lists are never written
   }
   return same;

@@ -26,7 +26,8 @@ class TensorSnapshot {
   // After a kernel ran on `view`: false if the kernel left it with another
   // layout; otherwise true, after copying the data back to device memory if
   // the kernel moved it.
-  bool restore(const at::Tensor& view) const;
+  // With `allow_moved` false, data the kernel moved counts as a change too.
+  bool restore(const at::Tensor& view, bool allow_moved = true) const;
 
  private:
   void* data_ = nullptr;
@@ -46,7 +47,7 @@ class HostArgs {
   torch::jit::Stack materialize() const;
   // restore() for every tensor of a stack made by materialize(); false if
   // any kernel-visible layout changed.
-  bool restore(const torch::jit::Stack& materialized) const;
+  bool restore(const torch::jit::Stack& materialized, bool allow_moved = true) const;
 
  private:
   enum class Kind : uint8_t { kValue, kTensor, kTensorList, kOptionalTensorList };

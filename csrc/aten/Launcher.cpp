@@ -17,6 +17,10 @@
 #include "OpTracking.h"
 #include "OutputPlan.h"
 
+namespace torchneuron::backend {
+void resize_bytes(const c10::Storage& storage, size_t new_size);  // aten/Storage.cpp
+}  // namespace torchneuron::backend
+
 namespace torchneuron::aten {
 
 using backend::kNeuron;
@@ -339,7 +343,12 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   for (const auto& [j, g] : plan->resized_args) {
     at::Tensor t = *flat[j];  // shares the TensorImpl: resizing it resizes the caller's tensor
     t.resize_(g.sizes);
-    if (!g.same_as(t)) t.as_strided_(g.sizes, g.strides, g.offset);
+    if (!g.same_as(t)) {
+      // A strided layout (e.g. a padded leading dimension) may need more storage.
+      size_t needed = at::detail::computeStorageNbytes(g.sizes, g.strides, c10::elementSize(g.dtype), g.offset);
+      if (needed > t.storage().nbytes()) backend::resize_bytes(t.storage(), needed);
+      t.as_strided_(g.sizes, g.strides, g.offset);
+    }
   }
 
   // Outputs: new tensors from the allocator, views of arguments, or the
@@ -394,7 +403,10 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
               }
               try {
                 info.out_variant->redispatchBoxed(kCPUKeys, &with_out);
-                if (outputs.restore(out_views)) return;
+                // An out= kernel that grew an output used it as scratch; some
+                // (binary_cross_entropy) then return a wrong reduction, so
+                // only untouched outputs are trusted.
+                if (outputs.restore(out_views, /*allow_moved=*/false)) return;
               } catch (const c10::Error&) {
               }
               out_views = outputs.materialize();  // fresh views: the failed kernel may have changed them
