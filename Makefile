@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BUILD_STAMP := $(VENV)/.torchneuron-built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: env build demo test test-slow bench info clean
+.PHONY: env build demo test test-slow bench conformance info clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test-slow: build
 bench: build
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/train_step.py
+
+conformance: build
+	$(PY) -m pip install expecttest  # torch.testing._internal needs it
+	$(PY) tests/conformance/run_opinfo.py
 
 info: build
 	$(PY) -m torchneuron info

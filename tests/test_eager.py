@@ -983,3 +983,12 @@ def test_native_batch_norm_inference_outputs():
     got = torch.native_batch_norm(*(a.to("neuron") for a in (x, w, b, mean, var)), False, 0.1, 1e-5)
     for e, g in zip(expected, got):
         torch.testing.assert_close(g.cpu(), e)
+
+
+def test_lstsq_strided_solution_layout():
+    # The solution's planned layout has a padded leading dimension: the
+    # device output must get the storage that layout needs.
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    expected = torch.linalg.lstsq(a, b, driver="gels").solution
+    got = torch.linalg.lstsq(a.to("neuron"), b.to("neuron"), driver="gels").solution
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)

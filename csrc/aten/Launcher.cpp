@@ -210,6 +210,17 @@ at::Tensor make_view(const at::Tensor& base, const Geometry& g) {
 
 const c10::DispatchKeySet kCPUKeys(c10::DispatchKey::CPU);
 
+// Gives a written argument the layout an op produces for it (out= resizing).
+// `t` shares the caller's TensorImpl, so the caller's tensor changes.
+void set_geometry(at::Tensor t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  t.resize_(sizes);
+  if (t.strides().equals(strides) && t.storage_offset() == offset) return;
+  // A strided layout (e.g. a padded leading dimension) may need more storage.
+  size_t needed = at::detail::computeStorageNbytes(sizes, strides, t.itemsize(), offset);
+  if (needed > t.storage().nbytes()) backend::resize_bytes(t.storage(), needed);
+  t.as_strided_(sizes, strides, offset);
+}
+
 // Runs an op whose outputs cannot be known in advance: waits for the stream,
 // runs the kernel as a task, and uploads new results (a host round trip).
 void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector<c10::IValue>& args,
@@ -243,8 +254,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
         at::Tensor dev = *flat_args[j];
         if (!r.sizes().equals(dev.sizes()) || !r.strides().equals(dev.strides()) ||
             r.data_ptr() != runtime::host_address(dev.data_ptr())) {
-          dev.resize_(r.sizes());
-          if (!r.strides().equals(dev.strides())) dev.as_strided_(r.sizes(), r.strides());
+          set_geometry(dev, r.sizes(), r.strides(), 0);
           enqueue(device, info.name, [src = r, dst = TensorSnapshot(dev)] { dst.view().copy_(src); });
         }
         return dev;
@@ -340,16 +350,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
 
   c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
-  for (const auto& [j, g] : plan->resized_args) {
-    at::Tensor t = *flat[j];  // shares the TensorImpl: resizing it resizes the caller's tensor
-    t.resize_(g.sizes);
-    if (!g.same_as(t)) {
-      // A strided layout (e.g. a padded leading dimension) may need more storage.
-      size_t needed = at::detail::computeStorageNbytes(g.sizes, g.strides, c10::elementSize(g.dtype), g.offset);
-      if (needed > t.storage().nbytes()) backend::resize_bytes(t.storage(), needed);
-      t.as_strided_(g.sizes, g.strides, g.offset);
-    }
-  }
+  for (const auto& [j, g] : plan->resized_args) set_geometry(*flat[j], g.sizes, g.strides, g.offset);
 
   // Outputs: new tensors from the allocator, views of arguments, or the
   // (written) arguments themselves.
