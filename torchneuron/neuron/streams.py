@@ -1,8 +1,9 @@
 """Streams and events: in-order device queues and points in them.
 
-``Stream`` and ``Event`` are the generic ``torch.Stream`` / ``torch.Event``
-bound to the neuron device, so they work everywhere PyTorch accepts those
-(``torch.accelerator``, ``Tensor.record_stream``, FSDP, Dynamo).
+``Stream`` is a ``torch.Stream`` (subclass) and ``Event`` makes a
+``torch.Event``, both bound to the neuron device, so they work everywhere
+PyTorch accepts those (``torch.accelerator``, ``Tensor.record_stream``, FSDP,
+Dynamo).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import torch
 
 from torchneuron import _C
 from torchneuron.neuron._device import _get_device_index
-
 
 
 class _NeuronEventKind(type):
