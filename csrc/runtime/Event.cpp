@@ -46,6 +46,4 @@ double Event::elapsed_ms(const Event& end) const {
   return double(t1 - t0) / 1e6;
 }
 
-int Event::device() const { return state_ ? state_->stream->device() : -1; }
-
 }  // namespace torchneuron::runtime

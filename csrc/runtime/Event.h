@@ -22,8 +22,6 @@ class Event {
   void synchronize() const;
   // Milliseconds between this event and `end`; both must be recorded.
   double elapsed_ms(const Event& end) const;
-  bool recorded() const { return state_ != nullptr; }
-  int device() const;
 
  private:
   struct Mark {

@@ -37,7 +37,4 @@ int device_of_pointer(const void* ptr);
 inline void* host_address(void* device_ptr) { return device_ptr; }
 inline const void* host_address(const void* device_ptr) { return device_ptr; }
 
-// Whether any stream worker has been started (fork safety, lazy init).
-bool workers_started();
-
 }  // namespace torchneuron::runtime

@@ -15,13 +15,10 @@ namespace {
 constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 constexpr auto kHostSpin = std::chrono::microseconds(20);
 
-std::atomic<bool> g_workers_started{false};
 std::atomic<void (*)()> g_worker_start_hook{nullptr};
 }  // namespace
 
 void set_worker_start_hook(void (*hook)()) { g_worker_start_hook = hook; }
-
-bool workers_started() { return g_workers_started.load(); }
 
 uint64_t Stream::enqueue(Task task) {
   uint64_t seq;
@@ -30,7 +27,6 @@ uint64_t Stream::enqueue(Task task) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!worker_started_) {
       worker_started_ = true;
-      g_workers_started = true;
       std::thread([this] { run(); }).detach();  // streams live for the whole process
     }
     queue_.push_back(std::move(task));

@@ -43,7 +43,6 @@ class Stream {
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   // Rethrows (and clears) a pending task error without waiting.
   void rethrow_error();
-  bool has_error() const { return has_error_.load(std::memory_order_acquire); }
 
  private:
   void run();
