@@ -13,7 +13,8 @@ $(VENV)/bin/python:
 	$(PY) -m pip install --upgrade pip >/dev/null
 	# torch is pinned and comes first, so nothing below can pull another build.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout
+	# expecttest: torch.testing._internal (the conformance harness) imports it.
+	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest
 
 env: $(VENV)/bin/python
 
@@ -38,8 +39,7 @@ bench: build
 	$(PY) benchmarks/train_step.py
 
 conformance: build
-	$(PY) -m pip install expecttest  # torch.testing._internal needs it
-	$(PY) tests/conformance/run_opinfo.py
+	$(PY) -m tests.conformance.run
 
 info: build
 	$(PY) -m torchneuron info

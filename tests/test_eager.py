@@ -992,3 +992,69 @@ def test_lstsq_strided_solution_layout():
     expected = torch.linalg.lstsq(a, b, driver="gels").solution
     got = torch.linalg.lstsq(a.to("neuron"), b.to("neuron"), driver="gels").solution
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_out_aliasing_an_input_is_rejected_like_cpu():
+    # gather's out= may not alias its input at all (a full alias too), and
+    # an out= resized onto the index's memory overlaps it partially.
+    src, ind = torch.rand(6), torch.tensor([2, 1, 0])
+    for device in ("cpu", DEV):
+        s, i = src.to(device), ind.to(device)
+        with pytest.raises(RuntimeError, match="unsupported operation"):
+            torch.gather(s, 0, i, out=s)
+            torch.neuron.synchronize()
+        idx = ind.to(device).clone()
+        with pytest.raises(RuntimeError, match="unsupported operation"):
+            torch.gather(idx.clone(), 0, idx[1:], out=idx[:1])
+            torch.neuron.synchronize()
+    assert_same(torch.gather(src.to(DEV), 0, ind.to(DEV)), torch.gather(src, 0, ind))
+
+
+def test_kernel_flipping_the_conjugate_bit_of_its_output():
+    # linalg_lu_solve(left=False) on complex input leaves a conjugated view
+    # in its output; the device tensor must hold the conjugated values.
+    a, b = torch.randn(3, 3, dtype=torch.complex64), torch.randn(4, 3, dtype=torch.complex64)
+    lu, pivots = torch.linalg.lu_factor(a)
+    for adjoint in (False, True):
+        expected = torch.linalg.lu_solve(lu, pivots, b, left=False, adjoint=adjoint)
+        got = torch.linalg.lu_solve(lu.to(DEV), pivots.to(DEV), b.to(DEV), left=False, adjoint=adjoint)
+        torch.testing.assert_close(got.cpu(), expected)
+        out = torch.empty(4, 3, dtype=torch.complex64, device=DEV)
+        torch.linalg.lu_solve(lu.to(DEV), pivots.to(DEV), b.to(DEV), left=False, adjoint=adjoint, out=out)
+        torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_attention_uses_the_fused_kernel_cpu_would():
+    import torchneuron
+
+    q = torch.randn(2, 4, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    qd = q.detach().to(DEV).requires_grad_()
+    torchneuron.clear_op_tracking()
+    out = F.scaled_dot_product_attention(qd, qd, qd, is_causal=True)
+    out.sum().backward()
+    ops = torchneuron.get_executed_ops()
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, ops
+    assert "aten::bmm" not in ops  # not the unfused math path
+    expected = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    expected.sum().backward()
+    torch.testing.assert_close(out.cpu(), expected)
+    torch.testing.assert_close(qd.grad.cpu(), q.grad)
+
+
+def test_meta_kernel_disagreeing_with_cpu_is_right_from_the_first_call():
+    # Their Meta kernels plan other output shapes than the CPU kernels give
+    # (a 0-dim loss for a 1-d input; embedding_bag's offset2bag): the first
+    # call of the signature finds out and already returns CPU's results.
+    x, y = torch.randn(4), torch.tensor([3, 0, -1, 1])
+    expected = F.multilabel_margin_loss(x, y, reduction="none")
+    got = F.multilabel_margin_loss(x.to(DEV), y.to(DEV), reduction="none")
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got.cpu(), expected)
+    weight, idx, offsets = torch.randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 2])
+    for mode in ("sum", "max"):
+        expected = torch.ops.aten._embedding_bag(weight, idx, offsets, False, {"sum": 0, "max": 2}[mode])
+        got = torch.ops.aten._embedding_bag(weight.to(DEV), idx.to(DEV), offsets.to(DEV), False,
+                                            {"sum": 0, "max": 2}[mode])
+        for e, g in zip(expected, got):
+            assert g.shape == e.shape, mode
+            torch.testing.assert_close(g.cpu(), e)

@@ -17,6 +17,11 @@ TensorSnapshot::TensorSnapshot(const at::Tensor& t) {
   }
   auto* base = static_cast<char*>(t.storage().data_ptr().get());
   data_ = base ? base + t.storage_offset() * int64_t(t.itemsize()) : nullptr;
+  storage_ = base;
+  storage_id_ = t.storage().unsafeGetStorageImpl();
+  tensor_id_ = t.unsafeGetTensorImpl();
+  storage_nbytes_ = t.storage().nbytes();
+  offset_ = t.storage_offset();
   dtype_ = t.scalar_type();
   conj_ = t.is_conj();
   neg_ = t.is_neg();
@@ -24,27 +29,42 @@ TensorSnapshot::TensorSnapshot(const at::Tensor& t) {
   strides_.assign(t.strides().begin(), t.strides().end());
 }
 
-at::Tensor TensorSnapshot::view() const {
+at::Tensor TensorSnapshot::view(HostStorages* shared) const {
   if (dtype_ == c10::ScalarType::Undefined) return host_;
-  size_t nbytes = at::detail::computeStorageNbytes(sizes_, strides_, c10::elementSize(dtype_));
-  void* host = data_ ? runtime::host_address(data_) : nullptr;
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(host, c10::Device(c10::kCPU)),
-                       c10::GetCPUAllocator(), /*resizable=*/true);
+  auto make_storage = [this] {
+    void* host = storage_ ? runtime::host_address(storage_) : nullptr;
+    return c10::Storage(c10::Storage::use_byte_size_t(), storage_nbytes_, c10::DataPtr(host, c10::Device(c10::kCPU)),
+                        c10::GetCPUAllocator(), /*resizable=*/true);
+  };
+  c10::Storage storage;
+  if (shared) {
+    for (const auto& [id, t] : shared->tensors)
+      if (id == tensor_id_) return t;
+    for (const auto& [id, s] : shared->storages)
+      if (id == storage_id_) storage = s;
+    if (!storage) shared->storages.emplace_back(storage_id_, storage = make_storage());
+  } else {
+    storage = make_storage();
+  }
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                     c10::scalarTypeToTypeMeta(dtype_));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes_, strides_);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes_, strides_, offset_);
   if (conj_) t._set_conj(true);
   if (neg_) t._set_neg(true);
+  if (shared) shared->tensors.emplace_back(tensor_id_, t);
   return t;
 }
 
 bool TensorSnapshot::restore(const at::Tensor& view, bool allow_moved) const {
   if (dtype_ == c10::ScalarType::Undefined) return true;
   if (!view.sizes().equals(sizes_) || !view.strides().equals(strides_)) return false;
-  if (view.data_ptr() != (data_ ? runtime::host_address(data_) : nullptr)) {
-    if (!allow_moved) return false;
-    this->view().copy_(view);
-  }
+  bool moved = view.data_ptr() != (data_ ? runtime::host_address(data_) : nullptr);
+  if (moved && !allow_moved) return false;
+  // A kernel may also flip a lazy conjugation/negation bit on its output (as
+  // linalg_lu_solve's out= kernel does); the device tensor keeps its bits, so
+  // its data must hold the value the kernel meant.
+  bool flipped = view.is_conj() != conj_ || view.is_neg() != neg_;
+  if (moved || flipped) this->view().copy_(view);
   return true;
 }
 
@@ -82,6 +102,7 @@ void HostArgs::push_tensor_list(c10::ArrayRef<at::Tensor> tensors) {
 }
 
 torch::jit::Stack HostArgs::materialize() const {
+  HostStorages shared;
   torch::jit::Stack stack;
   stack.reserve(slots_.size());
   for (const Slot& s : slots_) {
@@ -90,19 +111,19 @@ torch::jit::Stack HostArgs::materialize() const {
         stack.push_back(values_[s.first]);
         break;
       case Kind::kTensor:
-        stack.emplace_back(tensors_[s.first].view());
+        stack.emplace_back(tensors_[s.first].view(&shared));
         break;
       case Kind::kTensorList: {
         c10::List<at::Tensor> list;
         list.reserve(s.count);
-        for (uint32_t i = 0; i < s.count; ++i) list.push_back(tensors_[s.first + i].view());
+        for (uint32_t i = 0; i < s.count; ++i) list.push_back(tensors_[s.first + i].view(&shared));
         stack.emplace_back(std::move(list));
         break;
       }
       case Kind::kOptionalTensorList: {
         c10::List<std::optional<at::Tensor>> list;
         for (uint32_t i = s.first; i < s.first + s.count; ++i)
-          list.push_back(none_[i] ? std::nullopt : std::optional<at::Tensor>(tensors_[i].view()));
+          list.push_back(none_[i] ? std::nullopt : std::optional<at::Tensor>(tensors_[i].view(&shared)));
         stack.emplace_back(std::move(list));
         break;
       }

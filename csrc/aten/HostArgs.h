@@ -15,6 +15,15 @@
 
 namespace torchneuron::aten {
 
+// CPU storages and tensors already built for an op's arguments: views of
+// one device storage stay views of one CPU storage, and a tensor passed
+// twice stays one tensor, so the CPU kernel sees the aliasing (its overlap
+// checks, an out= that is also an input) as the caller made it.
+struct HostStorages {
+  c10::SmallVector<std::pair<const void*, c10::Storage>, 4> storages;
+  c10::SmallVector<std::pair<const void*, at::Tensor>, 4> tensors;
+};
+
 class TensorSnapshot {
  public:
   explicit TensorSnapshot(const at::Tensor& t);
@@ -22,7 +31,7 @@ class TensorSnapshot {
   // storage is resizable: a kernel that grows an output (some out= kernels
   // use it as scratch) moves it to host memory, and restore() copies the
   // result back.
-  at::Tensor view() const;
+  at::Tensor view(HostStorages* shared = nullptr) const;
   // After a kernel ran on `view`: false if the kernel left it with another
   // layout; otherwise true, after copying the data back to device memory if
   // the kernel moved it.
@@ -30,7 +39,14 @@ class TensorSnapshot {
   bool restore(const at::Tensor& view, bool allow_moved = true) const;
 
  private:
-  void* data_ = nullptr;
+  void* data_ = nullptr;     // the first element
+  void* storage_ = nullptr;  // the start of the device storage
+  // The device StorageImpl and TensorImpl: alive at launch, used as
+  // identities only, never dereferenced.
+  const void* storage_id_ = nullptr;
+  const void* tensor_id_ = nullptr;
+  size_t storage_nbytes_ = 0;
+  int64_t offset_ = 0;
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;  // Undefined: `host_` is used as it is
   bool conj_ = false, neg_ = false;
   c10::SmallVector<int64_t, 5> sizes_, strides_;

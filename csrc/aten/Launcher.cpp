@@ -93,12 +93,16 @@ OpInfo& op_info_slow(const c10::OperatorHandle& op) {
     const auto& schema = op.schema();
     slot->name = schema.overload_name().empty() ? schema.name() : schema.name() + "." + schema.overload_name();
     slot->counters = &op_counters(slot->name);
-    // max()/min() check for empty input only in the functional kernel.
-    static const std::unordered_set<std::string> functional_only = {"aten::max", "aten::min"};
+    // max()/min() check for empty input only in the functional kernel; batch
+    // norm's out= kernels assume the output has the input's layout.
+    static const std::unordered_set<std::string> functional_only = {
+        "aten::max", "aten::min", "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+        "aten::_native_batch_norm_legit.no_stats", "aten::_batch_norm_with_update"};
     if (!functional_only.count(slot->name)) slot->out_variant = find_out_variant(op);
-    // Their Meta kernels give offset2bag/bag_size shapes the CPU kernel does not produce.
-    static const std::unordered_set<std::string> meta_disagrees = {"aten::_embedding_bag",
-                                                                   "aten::_embedding_bag_forward_only"};
+    // Its Meta kernel resizes the statistics' out= arguments in inference,
+    // which the CPU kernel leaves as they are: the first-call check of the
+    // plan cannot see that, so the op always runs synchronously.
+    static const std::unordered_set<std::string> meta_disagrees = {"aten::native_batch_norm.out"};
     slot->synchronous = meta_disagrees.count(slot->name) > 0;
     for (const auto& a : schema.arguments()) {
       if (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::GeneratorType)
@@ -119,8 +123,6 @@ OpInfo& op_info(const c10::OperatorHandle& op) {
 }
 
 // ---- devices ------------------------------------------------------------------
-
-std::string describe(const at::Device& d) { return d.str(); }
 
 // The device every tensor argument must be on. CPU 0-dim tensors are
 // accepted (as CUDA accepts them for scalars); anything else on another
@@ -143,7 +145,7 @@ c10::DeviceIndex common_device(const c10::OperatorHandle& op, const OpInfo& info
       if (device && d == *device) return;
       at::Device other = device ? *device : at::Device(kNeuron, backend::current_device());
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", schema.arguments()[i].name(),
-                  " is on ", describe(d), ", different from other tensors on ", describe(other),
+                  " is on ", d, ", different from other tensors on ", other,
                   " (when checking argument in method ", info.name, ")");
     });
   }
@@ -170,6 +172,23 @@ void check_overlap(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
       }
     });
   }
+}
+
+// An out= argument the plan resizes while it shares memory with an input:
+// resizing first would hide the aliasing the CPU kernel checks for (cat
+// rejects an out= that is one of its inputs), so such a call runs
+// synchronously, on the arguments as the user passed them.
+bool resizes_an_alias(const OutputPlan& plan, const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
+  if (plan.resized_args.empty()) return false;
+  c10::SmallVector<const at::Tensor*, 4> written, read;
+  for (size_t i = 0; i < args.size(); ++i)
+    for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) (info.written[i] ? written : read).push_back(&t);
+    });
+  for (const at::Tensor* w : written)
+    for (const at::Tensor* r : read)
+      if (w->storage().is_alias_of(r->storage())) return true;
+  return false;
 }
 
 // ---- argument translation -------------------------------------------------------
@@ -346,7 +365,9 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
 
   if (info.synchronous.load(std::memory_order_relaxed)) return launch_synchronous(op, info, args, stack, device);
   auto plan = info.plans.get(op, args);
-  if (plan->synchronous) return launch_synchronous(op, info, args, stack, device);
+  if (plan->synchronous || plan->cpu_disagrees.load(std::memory_order_relaxed) || resizes_an_alias(*plan, info, args))
+    return launch_synchronous(op, info, args, stack, device);
+  const bool first = !plan->checked.load(std::memory_order_acquire);
 
   c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
@@ -385,8 +406,9 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   for (const auto& t : new_outputs) outputs.push_tensor(t);
   bool use_out = plan->has_new_outputs && !plan->has_undefined_outputs && info.out_variant &&
                  !info.out_variant_failed.load(std::memory_order_relaxed);
-  enqueue(device, info.name,
-          [op, &info, use_out, host = host_arguments(op, info, args, device), outputs = std::move(outputs), plan] {
+  uint64_t seq = enqueue(device, info.name,
+          [op, &info, use_out, first, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
+           plan] {
             const auto& new_index = plan->new_index;
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             auto stack = host.materialize();
@@ -407,7 +429,10 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                 // An out= kernel that grew an output used it as scratch; some
                 // (binary_cross_entropy) then return a wrong reduction, so
                 // only untouched outputs are trusted.
-                if (outputs.restore(out_views, /*allow_moved=*/false)) return;
+                if (outputs.restore(out_views, /*allow_moved=*/false)) {
+                  if (first) plan->checked.store(true, std::memory_order_release);
+                  return;
+                }
               } catch (const c10::Error&) {
               }
               out_views = outputs.materialize();  // fresh views: the failed kernel may have changed them
@@ -417,8 +442,11 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
             // The functional kernel succeeded where the out= one did not: the
             // input was fine, the out= kernel is the problem; stop using it.
             if (use_out) info.out_variant_failed.store(true, std::memory_order_relaxed);
-            TORCH_CHECK(host.restore(inputs), info.name, ": the CPU kernel gave an output argument another layout "
-                        "than the one planned from the op's Meta kernel");
+            if (!host.restore(inputs)) {
+              if (first) return plan->cpu_disagrees.store(true, std::memory_order_relaxed);
+              TORCH_CHECK(false, info.name, ": the CPU kernel gave an output argument another layout than the one "
+                          "planned from the op's Meta kernel");
+            }
             for (size_t r = 0; r < new_index.size() && r < stack.size(); ++r) {
               size_t k = 0;
               for_each_tensor(stack[r], [&](const at::Tensor& t) {
@@ -426,6 +454,10 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                 ++k;
                 if (idx < 0) return;
                 const at::Tensor& out = out_views[idx].toTensor();
+                if (!t.sizes().equals(out.sizes()) && first) {
+                  plan->cpu_disagrees.store(true, std::memory_order_relaxed);
+                  return;
+                }
                 if (!t.sizes().equals(out.sizes())) {
                   // The Meta kernel disagrees with the CPU kernel: from now on
                   // this op runs synchronously, with shapes from the CPU kernel.
@@ -436,7 +468,18 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                 out.copy_(t);
               });
             }
+            if (first && !plan->cpu_disagrees.load(std::memory_order_relaxed))
+              plan->checked.store(true, std::memory_order_release);
           });
+  if (first) {
+    // Wait for the task without taking its error, if any: that still
+    // surfaces at the next synchronisation, and the plan stays unchecked.
+    backend::runtime_stream(backend::current_stream(device)).wait_until(seq);
+    if (plan->cpu_disagrees.load(std::memory_order_relaxed)) {
+      torch::jit::drop(*stack, op.schema().returns().size());
+      return launch_synchronous(op, info, args, stack, device);
+    }
+  }
 }
 
 }  // namespace torchneuron::aten
@@ -454,11 +497,15 @@ namespace {
 //   check name the op;
 // - the _foreach_* family, whose composite kernel loops over the list;
 // - ops whose composite form is a decomposition although a CPU kernel exists
-//   (layer_norm's goes through batch_norm plus reshapes, for example).
+//   (layer_norm's goes through batch_norm plus reshapes, for example);
+// - composite kernels that call device-specific code (a DispatchStub, a
+//   device-type check) with the tensors they are given: they run whole in
+//   the task, on the CPU views.
 struct DirectLaunchRegistration {
   DirectLaunchRegistration() {
     static const std::unordered_set<std::string> decomposed = {
         "aten::native_layer_norm", "aten::native_group_norm", "aten::_stack", "aten::addr", "aten::all", "aten::any"};
+    static const std::unordered_set<std::string> host_composite = {"aten::conj_physical_", "aten::mode.values"};
     static const std::unordered_set<std::string> keep_composite = {"aten::copy_"};  // -> _copy_from
     auto& dispatcher = c10::Dispatcher::singleton();
     auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -469,8 +516,9 @@ struct DirectLaunchRegistration {
       bool foreach = name.name.rfind("aten::_foreach_", 0) == 0;
       bool cpu = op->hasKernelForDispatchKey(c10::DispatchKey::CPU);
       bool structured = cpu && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-      if (!foreach && !structured && !(cpu && decomposed.count(name.name))) continue;
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      if (!foreach && !structured && !(cpu && decomposed.count(name.name)) && !host_composite.count("aten::" + qualified))
+        continue;
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&torchneuron::aten::launch>());
     }
   }

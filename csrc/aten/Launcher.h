@@ -23,11 +23,12 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
 // tensors are returned as they are.
 at::Tensor host_view(const at::Tensor& t);
 
-// Enqueues `body` on the current stream of `device`. An exception in the body
-// surfaces at the next synchronisation with `what` in its message; `what`
-// must outlive the task (op names and string literals do).
+// Enqueues `body` on the current stream of `device` and returns the task's
+// sequence number on that stream. An exception in the body surfaces at the
+// next synchronisation with `what` in its message; `what` must outlive the
+// task (op names and string literals do).
 template <typename Body>
-void enqueue(c10::DeviceIndex device, std::string_view what, Body&& body);
+uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body);
 
 namespace detail {
 // Adds the op name and stream to a task's error, keeping its type.
@@ -36,10 +37,10 @@ void after_enqueue(runtime::Stream& stream);
 }  // namespace detail
 
 template <typename Body>
-void enqueue(c10::DeviceIndex device, std::string_view what, Body&& body) {
+uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body) {
   c10::Stream stream = backend::current_stream(device);
   auto& s = backend::runtime_stream(stream);
-  s.enqueue([what, stream, body = std::forward<Body>(body)]() mutable {
+  uint64_t seq = s.enqueue([what, stream, body = std::forward<Body>(body)]() mutable {
     try {
       body();
     } catch (...) {
@@ -47,6 +48,7 @@ void enqueue(c10::DeviceIndex device, std::string_view what, Body&& body) {
     }
   });
   detail::after_enqueue(s);
+  return seq;
 }
 
 // Uninitialised neuron tensor with the given geometry.

@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -36,6 +37,13 @@ struct OutputPlan {
   // The op must run synchronously (data-dependent output shapes, outputs
   // that are not tensors, or no Meta kernel).
   bool synchronous = false;
+  // Whether the CPU kernel was seen to agree with the plan. The first call
+  // of each plan runs to completion before the launch returns and checks
+  // output shapes and out= layouts against the plan; where the CPU kernel
+  // disagrees (a Meta kernel that is wrong for it), that call and every
+  // later one with this signature take the synchronous path, which uses
+  // what the CPU kernel produced.
+  mutable std::atomic<bool> checked{false}, cpu_disagrees{false};
   // One entry per schema return; a Tensor[] return has several specs.
   std::vector<std::vector<OutputSpec>> returns;
   // Written arguments whose geometry the op changes (out= resizing).

@@ -3,6 +3,8 @@
 // resize_'s copy of old contents is a device task.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -40,6 +42,18 @@ namespace {
 
 using backend::kNeuron;
 
+// Under torch.use_deterministic_algorithms(True), uninitialised memory is
+// filled (NaN, or the integer maximum) as on CPU and CUDA, so that reading it
+// by mistake gives the same result every run.
+bool fill_uninitialized() {
+  return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
+}
+
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (fill_uninitialized()) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 c10::DeviceIndex device_of(std::optional<c10::Device> device) {
   c10::DeviceIndex index = device && device->has_index() ? device->index() : backend::current_device();
   backend::check_device_index(index);
@@ -50,15 +64,17 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Device> device, std::optional<bool>,
                                std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(c10::Device(kNeuron, device_of(device)));
-  return at::detail::empty_generic(size, &backend::caching_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  return filled_if_deterministic(at::detail::empty_generic(size, &backend::caching_allocator(),
+                                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                           c10::dtype_or_default(dtype), memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(c10::Device(kNeuron, device_of(device)));
-  return at::detail::empty_strided_generic(size, stride, &backend::caching_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, &backend::caching_allocator(),
+                                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                                   c10::dtype_or_default(dtype)));
 }
 
 void ensure_storage(const at::Tensor& self) {
@@ -76,12 +92,14 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
   auto old_strides = self.strides().vec();
   impl->set_sizes_contiguous(size);
   if (format) impl->empty_tensor_restride(*format);
+  int64_t old_nbytes = int64_t(self.storage().nbytes());
   try {
     ensure_storage(self);
   } catch (...) {
     impl->set_sizes_and_strides(old_sizes, old_strides);  // e.g. out of memory: the tensor is unchanged
     throw;
   }
+  if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 
