@@ -222,8 +222,7 @@ def main(argv=None) -> int:
     start = time.time()
     records = run(op_names, module_names, samples=args.samples, jobs=args.jobs)
     options = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith(("--json", "--report"))]
-    command = "python -m tests.conformance.run" + "".join(f" {a}" for a in options)
-    command = "make conformance` (`" + command if not options else command
+    command = "python -m tests.conformance.run" + "".join(f" {a}" for a in options) if options else "make conformance"
     summary = write_report(records, args.report, command, time.time() - start)
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
