@@ -26,14 +26,7 @@ FAST_SAMPLES = 3
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-def _unique_ops():
-    seen = {}
-    for op in op_db:
-        seen.setdefault(op_name(op), op)
-    return list(seen.values())
-
-
-OPS = _unique_ops()
+OPS = list(op_db)  # names (name.variant) are unique
 
 
 def _fast_dtype(op):
@@ -135,3 +128,25 @@ def test_known_lists_name_real_ops_and_modules():
         n for n, _ in known.IMPOSSIBLE} | {n for n, _ in known.DEVICE_DEPENDENT}
     assert listed <= names, f"not OpInfo names: {sorted(listed - names)}"
     assert known.RANDOM_MODULES <= {m.name for m in module_db}
+
+
+def test_harness_catches_an_op_writing_its_input():
+    def abs_then_scribble(x, **kw):
+        result = x.abs()
+        if x.device.type == "neuron":
+            x.add_(1)
+        return result
+
+    parts = OpCheck(_tampered("abs", op=abs_then_scribble), torch.float32, max_samples=2).forward()
+    assert parts["forward"].status == "pass" and parts["inputs_intact"].status == "fail", parts
+
+
+def test_harness_catches_a_wrong_module():
+    class OffByOneOnNeuron(torch.nn.Linear):
+        def forward(self, input):  # noqa: A002 - module_db passes it by this name
+            return super().forward(input) + (input.device.type == "neuron")
+
+    info = copy.copy(next(m for m in module_db if m.name == "nn.Linear"))
+    info.module_cls = OffByOneOnNeuron
+    result = check_module(info, torch.float32, max_inputs=1)
+    assert result.status == "fail", result

@@ -1,5 +1,7 @@
 #include "HostArgs.h"
 
+#include <algorithm>
+
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
@@ -134,14 +136,21 @@ torch::jit::Stack HostArgs::materialize() const {
 
 bool HostArgs::restore(const torch::jit::Stack& materialized, bool allow_moved) const {
   bool same = true;
+  // A tensor passed twice is one CPU tensor: restore it once (restoring a
+  // flipped conjugate bit twice would undo it).
+  c10::SmallVector<const c10::TensorImpl*, 8> done;
+  auto restore_once = [&](const TensorSnapshot& snapshot, const at::Tensor& view) {
+    if (std::find(done.begin(), done.end(), view.unsafeGetTensorImpl()) != done.end()) return;
+    done.push_back(view.unsafeGetTensorImpl());
+    same = snapshot.restore(view, allow_moved) && same;
+  };
   for (size_t i = 0; i < slots_.size() && i < materialized.size(); ++i) {
     const Slot& s = slots_[i];
     if (s.kind == Kind::kTensor) {
-      same = tensors_[s.first].restore(materialized[i].toTensor(), allow_moved) && same;
+      restore_once(tensors_[s.first], materialized[i].toTensor());
     } else if (s.kind == Kind::kTensorList) {
       auto list = materialized[i].toTensorList();
-      for (uint32_t k = 0; k < s.count && k < list.size(); ++k)
-        same = tensors_[s.first + k].restore(list[k], allow_moved) && same;
+      for (uint32_t k = 0; k < s.count && k < list.size(); ++k) restore_once(tensors_[s.first + k], list[k]);
     }  // values and index lists are never written
   }
   return same;

@@ -40,6 +40,9 @@ struct OpInfo {
   std::atomic<bool> synchronous{false};
   std::vector<bool> written;  // per schema argument: the op writes it (in-place, out=)
   bool writes = false;
+  // It writes an argument that is not an out= argument (self of an in-place
+  // op, running statistics): running it twice would apply that twice.
+  bool writes_inputs = false;
   bool has_generator = false;
 };
 
@@ -109,6 +112,7 @@ OpInfo& op_info_slow(const c10::OperatorHandle& op) {
         slot->has_generator = true;
       slot->written.push_back(a.alias_info() && a.alias_info()->isWrite());
       slot->writes = slot->writes || slot->written.back();
+      slot->writes_inputs = slot->writes_inputs || (slot->written.back() && !a.is_out());
     }
   }
   return *slot;
@@ -367,7 +371,10 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   auto plan = info.plans.get(op, args);
   if (plan->synchronous || plan->cpu_disagrees.load(std::memory_order_relaxed) || resizes_an_alias(*plan, info, args))
     return launch_synchronous(op, info, args, stack, device);
-  const bool first = !plan->checked.load(std::memory_order_acquire);
+  // The first call is checked against the CPU kernel and, if the plan was
+  // wrong, run again synchronously: only for ops that running twice cannot
+  // harm (ops that update an input keep the run-time error below).
+  const bool first = !plan->checked.load(std::memory_order_acquire) && !info.writes_inputs;
 
   c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
@@ -454,11 +461,8 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                 ++k;
                 if (idx < 0) return;
                 const at::Tensor& out = out_views[idx].toTensor();
-                if (!t.sizes().equals(out.sizes()) && first) {
-                  plan->cpu_disagrees.store(true, std::memory_order_relaxed);
-                  return;
-                }
                 if (!t.sizes().equals(out.sizes())) {
+                  if (first) return plan->cpu_disagrees.store(true, std::memory_order_relaxed);
                   // The Meta kernel disagrees with the CPU kernel: from now on
                   // this op runs synchronously, with shapes from the CPU kernel.
                   info.synchronous.store(true, std::memory_order_relaxed);

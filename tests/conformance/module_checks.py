@@ -38,7 +38,7 @@ def check_module(module_info, dtype, *, max_inputs: int | None = None) -> Result
                 if module_info.is_lazy:  # materialise the parameters first, on CPU
                     with torch.no_grad():
                         cpu_module(*to_device(fwd.args, "cpu"), **to_device(fwd.kwargs, "cpu"))
-                neuron_module = copy.deepcopy(cpu_module).to("neuron")
+                pristine = copy.deepcopy(cpu_module)  # before forward updates running statistics
                 cpu_args, cpu_kwargs = to_device((fwd.args, fwd.kwargs), "cpu")
                 expected = cpu_module(*cpu_args, **cpu_kwargs)
                 expected_grads = _grads(cpu_module, expected, (cpu_args, cpu_kwargs), None)
@@ -46,6 +46,7 @@ def check_module(module_info, dtype, *, max_inputs: int | None = None) -> Result
                 continue
             ran += 1
             try:
+                neuron_module = pristine.to("neuron")
                 args, kwargs = to_device((fwd.args, fwd.kwargs), "neuron")
                 actual = neuron_module(*args, **kwargs)
                 torch.neuron.synchronize()

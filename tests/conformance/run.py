@@ -214,14 +214,17 @@ def main(argv=None) -> int:
 
     from .op_checks import op_name
 
-    op_names = list(dict.fromkeys(op_name(op) for op in op_db))
+    op_names = [op_name(op) for op in op_db]  # unique
     module_names = [m.name for m in module_db]
     if args.ops:
         op_names = [n for n in op_names if any(n == o or n.startswith(o + ".") for o in args.ops)]
         module_names = [n for n in module_names if n in args.ops]
     start = time.time()
     records = run(op_names, module_names, samples=args.samples, jobs=args.jobs)
-    options = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith(("--json", "--report"))]
+    given = argv if argv is not None else sys.argv[1:]
+    # Where the output goes is not part of what was measured.
+    options = [a for i, a in enumerate(given)
+               if not a.startswith(("--json", "--report")) and not (i and given[i - 1] in ("--json", "--report"))]
     command = "python -m tests.conformance.run" + "".join(f" {a}" for a in options) if options else "make conformance"
     summary = write_report(records, args.report, command, time.time() - start)
     if args.json:

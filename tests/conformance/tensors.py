@@ -50,9 +50,14 @@ def to_device(tree, device):
     def move(x):
         return copy_tensor(x, device, memo) if isinstance(x, torch.Tensor) else x
 
-    if isinstance(tree, SampleInput):
-        return tree.transform(move)
-    return tree_map(move, tree)
+    if not isinstance(tree, SampleInput):
+        return tree_map(move, tree)
+    moved = tree.transform(move)
+    # Factory samples (zeros, arange, *_like) name the device they create on.
+    target = moved.kwargs.get("device")
+    if isinstance(target, (str, torch.device)) and torch.device(target).type == "neuron":
+        moved.kwargs["device"] = torch.device(device)
+    return moved
 
 
 def to_cpu(tree):
