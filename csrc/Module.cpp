@@ -2,6 +2,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "aten/CompiledKernel.h"
 #include "aten/OpTracking.h"
 #include "backend/Allocator.h"
 #include "backend/Current.h"
@@ -50,6 +51,7 @@ PYBIND11_MODULE(_C, m) {
     d["platform_target"] = c.platform_target;
     d["device_memory_bytes"] = c.device_memory_bytes;
     d["launch_blocking"] = c.launch_blocking;
+    d["compile_strict"] = c.compile_strict;
     d["log_level"] = c.log_level;
     d["error"] = c.error;
     return d;
@@ -103,6 +105,9 @@ PYBIND11_MODULE(_C, m) {
     backend::caching_allocator().emptyCache();
   });
   m.def("_mem_get_info", [](int d) { return backend::caching_allocator().getMemoryInfo(c10::DeviceIndex(d)); });
+
+  // compiled kernels
+  m.def("_compiled_kernel_launcher", &aten::compiled_kernel_launcher);
 
   // op tracking
   m.def("_executed_ops", &aten::executed_ops);

@@ -14,8 +14,23 @@ from torchneuron import _rnn_cells  # noqa: F401  (the fused LSTM/GRU cells PyTo
 from torchneuron import neuron as _neuron_module
 from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_ops
 
-__all__ = ["get_executed_ops", "get_fallback_ops", "clear_op_tracking"]
+__all__ = [
+    "get_executed_ops", "get_fallback_ops", "clear_op_tracking", "get_dynamo_metrics", "reset_dynamo_metrics",
+]
 __version__ = "0.1.0"
+
+
+def get_dynamo_metrics() -> dict:
+    """Counters of torch.compile on neuron; see torchneuron.compile.metrics."""
+    from torchneuron.compile import metrics
+
+    return metrics.get_dynamo_metrics()
+
+
+def reset_dynamo_metrics() -> None:
+    from torchneuron.compile import metrics
+
+    metrics.reset_dynamo_metrics()
 
 
 def _register() -> None:

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct Block {
   Block* next = nullptr;
   std::unordered_set<int> stream_uses;  // other streams (record_stream)
   std::vector<runtime::Event> pending;  // events to pass before reuse
+  uint64_t pool = 0;                    // graph memory pool it was allocated in (0: none)
 };
 
 struct BlockLess {
@@ -76,7 +78,7 @@ class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
-  Block* malloc(size_t requested, int stream) {
+  Block* malloc(size_t requested, int stream, uint64_t graph_pool) {
     std::unique_lock<std::mutex> lock(mutex_);
     process_pending();
     size_t size = round_size(requested);
@@ -110,6 +112,7 @@ class DeviceCache {
     }
     block->allocated = true;
     block->requested = requested;
+    block->pool = graph_pool;
     update(stats_.allocation, small, 1);
     update(stats_.allocated_bytes, small, int64_t(block->size));
     update(stats_.active, small, 1);
@@ -120,6 +123,34 @@ class DeviceCache {
 
   void free(Block* block) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (block->pool) {
+      // Graph memory: replays still write it, so it stays the pool's (and
+      // counts as allocated) until the last graph using the pool is reset.
+      auto it = pools_.find(block->pool);
+      if (it != pools_.end()) return it->second.held.push_back(block);
+      block->pool = 0;
+    }
+    free_locked(block);
+  }
+
+  void retain_pool(uint64_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pools_[pool].users++;
+  }
+  void release_pool(uint64_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pools_.find(pool);
+    if (it == pools_.end() || --it->second.users > 0) return;
+    auto held = std::move(it->second.held);
+    pools_.erase(it);
+    for (Block* b : held) {
+      b->pool = 0;
+      free_locked(b);
+    }
+  }
+
+ private:
+  void free_locked(Block* block) {
     block->allocated = false;
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -int64_t(block->size));
@@ -137,6 +168,7 @@ class DeviceCache {
     release_to_pool(block);
   }
 
+ public:
   void record_stream(Block* block, int stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stream != block->stream) block->stream_uses.insert(stream);
@@ -282,6 +314,11 @@ class DeviceCache {
   Pool small_pool_, large_pool_;
   std::vector<Block*> pending_;
   DeviceStats stats_;
+  struct GraphPool {
+    int users = 0;
+    std::vector<Block*> held;  // freed by their tensors, still used by graphs
+  };
+  std::unordered_map<uint64_t, GraphPool> pools_;
 };
 
 std::vector<std::unique_ptr<DeviceCache>>& caches() {
@@ -309,8 +346,10 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
   lazy_init();
   c10::Device dev(kNeuron, device);
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);
-  int stream = int(current_stream(device).id());
-  Block* block = cache(device).malloc(nbytes, stream);
+  c10::Stream current = current_stream(device);
+  // Allocations of a capturing stream belong to its graph's memory pool.
+  uint64_t pool = runtime_stream(current).capture_tag();
+  Block* block = cache(device).malloc(nbytes, int(current.id()), pool);
   return c10::DataPtr(block->ptr, block, &free_block, dev);
 }
 
@@ -331,6 +370,9 @@ bool CachingAllocator::owns(const c10::DataPtr& ptr) const { return ptr.get_dele
 void CachingAllocator::emptyCache(c10::MempoolId_t) {
   for (auto& c : caches()) c->empty_cache();
 }
+
+void CachingAllocator::retain_graph_pool(c10::DeviceIndex device, uint64_t pool) { cache(device).retain_pool(pool); }
+void CachingAllocator::release_graph_pool(c10::DeviceIndex device, uint64_t pool) { cache(device).release_pool(pool); }
 
 void CachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
   if (!owns(ptr)) return;  // e.g. empty tensors

@@ -123,6 +123,9 @@ bool launch_blocking() {
 
 void synchronize_stream(c10::Stream stream) {
   auto& s = runtime_stream(stream);
+  // As on CUDA: a captured stream has nothing to wait for, its tasks never ran.
+  TORCH_CHECK(!s.capturing(), "operation not permitted when stream is capturing: it would wait for neuron:",
+              int(stream.device_index()), " stream ", stream.id(), ", which is capturing a graph");
   s.synchronize();
 }
 
@@ -130,6 +133,8 @@ void synchronize_device(c10::DeviceIndex device) {
   if (device < 0) device = t_device;
   check_device_index(device);
   lazy_init();
+  TORCH_CHECK(!runtime::device_capturing(device), "operation not permitted when stream is capturing: neuron:",
+              int(device), " has a stream capturing a graph");
   runtime::synchronize_device(device);
 }
 

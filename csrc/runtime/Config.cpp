@@ -50,6 +50,8 @@ Config parse() {
 
     std::string blocking = env("NEURON_LAUNCH_BLOCKING");
     c.launch_blocking = !blocking.empty() && blocking != "0";
+    std::string strict = env("TORCHNEURON_COMPILE_STRICT");
+    c.compile_strict = !strict.empty() && strict != "0";
 
     std::string threads = env("TORCHNEURON_WORKER_THREADS");
     if (!threads.empty()) {

@@ -3,8 +3,11 @@
 #include <array>
 #include <chrono>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "Graph.h"
 #include "Runtime.h"
 
 namespace torchneuron::runtime {
@@ -25,6 +28,10 @@ uint64_t Stream::enqueue(Task task) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (Graph* graph = capture_.load(std::memory_order_relaxed)) {
+      graph->record(std::move(task));
+      return enqueued_.load(std::memory_order_relaxed);
+    }
     if (!worker_started_) {
       worker_started_ = true;
       std::thread([this] { run(); }).detach();  // streams live for the whole process
@@ -90,6 +97,21 @@ void Stream::wait_until(uint64_t seq) const {
   host_waiters_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
+void Stream::begin_capture(Graph* graph, uint64_t tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_.load(std::memory_order_relaxed))
+    throw std::logic_error("neuron stream " + std::to_string(id_) + " on device " + std::to_string(device_) +
+                           " is already capturing a graph");
+  capture_tag_ = tag;
+  capture_.store(graph, std::memory_order_release);
+}
+
+Graph* Stream::end_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_tag_ = 0;
+  return capture_.exchange(nullptr, std::memory_order_acq_rel);
+}
+
 void Stream::synchronize() {
   wait_until(enqueued());
   rethrow_error();
@@ -150,6 +172,13 @@ void wait_device_idle(int device) {
   DeviceStreams& ds = device_streams(device);
   for (auto& slot : ds.streams)
     if (Stream* s = slot.load(std::memory_order_acquire)) s->wait_until(s->enqueued());
+}
+
+bool device_capturing(int device) {
+  DeviceStreams& ds = device_streams(device);
+  for (auto& slot : ds.streams)
+    if (Stream* s = slot.load(std::memory_order_acquire); s && s->capturing()) return true;
+  return false;
 }
 
 void synchronize_device(int device) {

@@ -17,6 +17,8 @@
 
 namespace torchneuron::runtime {
 
+class Graph;
+
 class Stream {
  public:
   using Task = std::function<void()>;
@@ -44,6 +46,15 @@ class Stream {
   // Rethrows (and clears) a pending task error without waiting.
   void rethrow_error();
 
+  // Capture: until end_capture(), enqueue() appends tasks to `graph` instead
+  // of running them (and returns the sequence number of the last real task).
+  // `tag` is opaque to the runtime; the glue names its memory pool with it.
+  // Throws std::logic_error if the stream is already capturing.
+  void begin_capture(Graph* graph, uint64_t tag);
+  Graph* end_capture();
+  bool capturing() const { return capture_.load(std::memory_order_acquire) != nullptr; }
+  uint64_t capture_tag() const { return capturing() ? capture_tag_ : 0; }
+
  private:
   void run();
 
@@ -59,6 +70,8 @@ class Stream {
   bool worker_started_ = false;
   std::exception_ptr error_;
   std::atomic<bool> has_error_{false};
+  std::atomic<Graph*> capture_{nullptr};
+  uint64_t capture_tag_ = 0;
 };
 
 // Called at the start of every worker thread (e.g. to set its intra-op
@@ -77,5 +90,7 @@ int stream_from_pool(int device, int priority);
 void synchronize_device(int device);
 // Waits for every stream of a device; errors stay for the next synchronize.
 void wait_device_idle(int device);
+// Whether any stream of the device is capturing a graph.
+bool device_capturing(int device);
 
 }  // namespace torchneuron::runtime

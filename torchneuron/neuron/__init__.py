@@ -78,4 +78,11 @@ def __getattr__(name: str):
     # `device_module._initialized` is true (as torch.cuda provides).
     if name == "_initialized":
         return is_initialized()
+    # Inductor looks these up on the device module when it first lowers a
+    # graph, so torch.compile(backend="inductor") on neuron tensors finds the
+    # neuron code generator without torchneuron.compile being imported first.
+    if name in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen"):
+        from torchneuron import compile as _compile
+
+        return _compile.inductor_classes()[name]
     raise AttributeError(f"module 'torch.neuron' has no attribute '{name}'")
