@@ -143,7 +143,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None
     settings = CompileSettings(mode, options)
     graph_name = _graph_name(gm)
     _note_recompile(graph_name)
-    patches = {**settings.inductor_options, **passes.config_patches()}
+    patches = {**passes.config_patches(), **settings.inductor_options}
     if settings.replay:
         patches["cudagraph_policy"] = ReplayPolicy(graph_name)
     start = time.perf_counter()

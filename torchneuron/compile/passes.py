@@ -12,4 +12,5 @@ def decompositions() -> dict:
 
 
 def config_patches() -> dict:
+    """Inductor settings the neuron backend starts from (user options override them)."""
     return {}
