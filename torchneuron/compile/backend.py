@@ -12,6 +12,7 @@ the device with one warning naming the graph and the reason, unless
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 import warnings
@@ -64,10 +65,13 @@ class CompileSettings:
 def _graph_name(gm: torch.fx.GraphModule) -> str:
     compile_id = torch._guards.CompileContext.current_compile_id()
     name = f"graph {compile_id}" if compile_id is not None else "graph"
+    torch_dir = os.path.dirname(torch.__file__)
     for node in gm.graph.nodes:
         frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', node.meta.get("stack_trace") or "")
         if frames:
-            file, line, function = frames[-1]
+            # The innermost frame of user code (the model), not of torch's own functions.
+            user = [f for f in frames if not f[0].startswith(torch_dir)]
+            file, line, function = (user or frames)[-1]
             return f"{name} of {function} ({file}:{line})"
     return name
 

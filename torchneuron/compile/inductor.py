@@ -210,7 +210,15 @@ def _answer_for_neuron_as_for_cpu() -> None:
 
 def register() -> None:
     """Makes Inductor generate code for neuron tensors (idempotent)."""
-    register_backend_for_device(DEVICE, NeuronScheduling, NeuronWrapperCodegen, NeuronCppWrapperUnsupported)
+    from .flex_attention import DenseFlexAttention
+
+    register_backend_for_device(
+        DEVICE,
+        NeuronScheduling,
+        NeuronWrapperCodegen,
+        NeuronCppWrapperUnsupported,
+        device_custom_pass=DenseFlexAttention(),
+    )
     register_device_op_overrides(DEVICE, _NeuronDeviceOps())
     _answer_for_neuron_as_for_cpu()
 

@@ -1,0 +1,112 @@
+"""Compiled FlexAttention on neuron: the attention operators become dense ATen graphs.
+
+Inductor lowers ``flex_attention`` to Triton templates (GPUs) or to a CPU
+template that only serves inference. For neuron, a post-grad pass replaces
+each ``flex_attention`` and ``flex_attention_backward`` node with the trace of
+PyTorch's own dense implementation of the operator, with the score and mask
+functions inlined; Inductor then fuses and generates that like any other
+graph. AOTAutograd has already split forward and backward around the
+operators, so the backward recomputes the scores as the fused kernels do
+instead of keeping them alive.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import sys
+
+import torch
+import torch.utils._pytree as pytree
+from torch._inductor.custom_graph_pass import CustomGraphModulePass
+from torch._inductor.pattern_matcher import fwd_only
+from torch._inductor.virtualized import V
+
+_hop = sys.modules["torch._higher_order_ops.flex_attention"]
+_DENSE = {
+    torch.ops.higher_order.flex_attention: _hop.sdpa_dense,
+    torch.ops.higher_order.flex_attention_backward: _hop.sdpa_dense_backward,
+}
+
+
+def _batchable(subgraph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of a score/mask subgraph whose dtype casts vmap can batch.
+
+    The dense implementation vmaps the subgraphs over every score; AOTAutograd
+    decomposed their casts to prims.convert_element_type, which has no
+    batching rule, so vmap would unroll it per element.
+    """
+    subgraph = copy.deepcopy(subgraph)
+    for n in subgraph.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.prims.convert_element_type.default:
+            n.target = torch.ops.aten._to_copy.default
+            n.args, n.kwargs = (n.args[0],), {"dtype": n.args[1]}
+    subgraph.recompile()
+    return subgraph
+
+
+def _trace_dense(gm: torch.fx.GraphModule, node: torch.fx.Node):
+    """The dense implementation of `node`, traced over its tensor arguments."""
+    # Score/mask subgraphs are attributes of gm: pass them as Python values.
+    args = pytree.tree_map_only(
+        torch.fx.Node, lambda n: _batchable(getattr(gm, n.target)) if n.op == "get_attr" else n, node.args
+    )
+    flat, spec = pytree.tree_flatten(args)
+    tensor_positions = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
+
+    def dense(*tensors):
+        values = list(flat)
+        for i, t in zip(tensor_positions, tensors):
+            values[i] = t
+        return _DENSE[node.target](*pytree.tree_unflatten(values, spec))
+
+    with V.fake_mode:
+        # Post-grad values no longer require grad, but the dense backward only
+        # returns gradients of captured buffers that do: mark floating inputs.
+        examples = [
+            v.detach().requires_grad_() if v.is_floating_point() else v
+            for v in (flat[i].meta["val"] for i in tensor_positions)
+        ]
+        traced = fwd_only(dense, examples, run_functional_passes=False)
+    return traced, [flat[i] for i in tensor_positions]
+
+
+def _replace_with_dense(gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    traced, inputs = _trace_dense(gm, node)
+    for n in traced.graph.nodes:  # constants the trace lifted (e.g. -inf) move into gm
+        if n.op == "get_attr":
+            name = f"_neuron_flex_constant_{len(gm._buffers)}"
+            gm.register_buffer(name, getattr(traced, n.target))
+            n.target = name
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    with gm.graph.inserting_before(node):
+        results = gm.graph.graph_copy(traced.graph, dict(zip(placeholders, inputs)))
+    # The operators' results are read through getitem, nested one level for
+    # the gradients of captured buffers (flex_attention_backward's 4th result).
+    for user in list(node.users):
+        assert user.op == "call_function" and user.target is operator.getitem, user
+        result = results[user.args[1]]
+        if isinstance(result, (list, tuple)):
+            for inner in list(user.users):
+                inner.replace_all_uses_with(result[inner.args[1]])
+                gm.graph.erase_node(inner)
+        else:
+            user.replace_all_uses_with(result)
+        gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+
+
+class DenseFlexAttention(CustomGraphModulePass):
+    """Inductor's post-grad pass for neuron graphs (see the module docstring)."""
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _DENSE]
+        if not nodes:
+            return
+        for node in nodes:
+            _replace_with_dense(gm, node)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+
+    def uuid(self) -> str:
+        return "torchneuron.dense_flex_attention.1"  # part of Inductor's cache key: bump on change
