@@ -1058,3 +1058,10 @@ def test_meta_kernel_disagreeing_with_cpu_is_right_from_the_first_call():
         for e, g in zip(expected, got):
             assert g.shape == e.shape, mode
             torch.testing.assert_close(g.cpu(), e)
+
+
+def test_nonzero_lays_out_indices_by_column_as_devices_and_fake_tensors_do():
+    x = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 4.0]])
+    out = torch.nonzero(x.to("neuron"))
+    assert out.stride() == (1, 4)  # what torch.compile's fake tensors plan (CUDA's layout)
+    assert out.cpu().tolist() == torch.nonzero(x).tolist()

@@ -295,7 +295,11 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     }
     uploaded = true;
     at::Tensor src = r.contiguous();
-    at::Tensor out = empty_neuron(src.sizes(), src.strides(), src.scalar_type(), device);
+    std::vector<int64_t> strides(src.strides().begin(), src.strides().end());
+    // nonzero's indices are laid out column by column on devices (CUDA, and
+    // the fake tensors torch.compile plans with); CPU lays them out by row.
+    if (info.name == "aten::nonzero" && src.dim() == 2) strides = {1, src.size(0)};
+    at::Tensor out = empty_neuron(src.sizes(), strides, src.scalar_type(), device);
     enqueue(device, info.name, [src, dst = TensorSnapshot(out)] { dst.view().copy_(src); });
     return out;
   };
