@@ -4,6 +4,7 @@ Every compiled result is compared with the same model run eagerly on CPU.
 Compiling costs seconds per graph, so the models are small and few.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -355,3 +356,39 @@ def test_metrics_reset():
     torchneuron.reset_dynamo_metrics()
     metrics = torchneuron.get_dynamo_metrics()
     assert metrics["compiled_graphs"] == 0 and metrics["graph_breaks"] == 0 and metrics["fallbacks"] == 0
+
+
+def test_a_second_process_reuses_the_on_disk_caches(tmp_path):
+    code = textwrap.dedent("""
+        import json, torch, torchneuron
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = model
+            def forward(self, x):
+                return self.body(x).softmax(-1)
+        net = Net()
+        x = torch.randn(4, 8)
+        expected = net(x)
+        for mode in ("default", "reduce-overhead"):
+            torch._dynamo.reset()
+            dev = Net().to("neuron")
+            dev.load_state_dict(net.state_dict())
+            compiled = torch.compile(dev, backend="neuron", mode=mode)
+            for _ in range(3):
+                out = compiled(x.to("neuron"))
+                torch.testing.assert_close(out.cpu(), expected)
+                out.sum().backward()
+        print(json.dumps(torchneuron.get_dynamo_metrics()["cache_hits"]))
+    """)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    hits = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        hits.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    # The first process compiles once and its reduce-overhead run reuses that
+    # graph (the mode is not part of the key); the second process compiles nothing.
+    assert hits[0]["aot_autograd"] == 1 and hits[1]["aot_autograd"] == 2, hits

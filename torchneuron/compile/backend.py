@@ -1,9 +1,13 @@
 """``torch.compile(backend="neuron")``.
 
 Dynamo hands each captured graph to ``neuron_backend``, which runs Inductor's
-``compile_fx``: AOTAutograd (forward and backward for training) with our
-decompositions, our FX passes, then Inductor generating code for the neuron
-device (``inductor.py``). Options and modes are checked here, so a mistake
+``compile_fx``: AOTAutograd (forward and backward for training) with
+Inductor's decompositions (they keep matmuls and convolutions whole, as extern
+kernels, which is what runs fastest here), then Inductor's passes plus ours for
+neuron graphs (``flex_attention.py``), then code generation for the neuron
+device (``inductor.py``). Passing no decomposition table of our own keeps the
+graphs cacheable: Inductor cannot hash a custom table, and would bypass its
+FX graph cache. Options and modes are checked here, so a mistake
 fails at the call that made it. A graph that fails to compile runs eagerly on
 the device with one warning naming the graph and the reason, unless
 ``TORCHNEURON_COMPILE_STRICT=1`` asks for the error.
@@ -23,7 +27,7 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.output_code import OutputCode
 
 from .. import _C
-from . import metrics, passes
+from . import metrics
 from .graphs import ReplayPolicy
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -147,7 +151,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None
     settings = CompileSettings(mode, options)
     graph_name = _graph_name(gm)
     _note_recompile(graph_name)
-    patches = {**passes.config_patches(), **settings.inductor_options}
+    patches = dict(settings.inductor_options)
     if settings.replay:
         patches["cudagraph_policy"] = ReplayPolicy(graph_name)
     start = time.perf_counter()
@@ -157,7 +161,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None
             example_inputs,
             inner_compile=functools.partial(_inner_compile, graph_name=graph_name),
             config_patches=patches,
-            decompositions=passes.decompositions(),
         )
     except RestartAnalysis:
         raise
