@@ -37,6 +37,7 @@ test-slow: build
 bench: build
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/compile.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

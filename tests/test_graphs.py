@@ -43,7 +43,6 @@ def test_replay_follows_the_current_stream_and_is_ordered_with_eager_work():
         graph.replay()
         x.add_(1)
     side.synchronize()
-    assert x.cpu().eq(1 * 2 + 1 + 1).all() is not None
     torch.testing.assert_close(x.cpu(), torch.full((1000,), 2 + 2 + 1.0))
 
 
