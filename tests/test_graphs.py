@@ -194,21 +194,35 @@ def test_reduce_overhead_updates_mutated_inputs_and_random_ops_vary():
 
 
 def test_a_graph_that_cannot_be_recorded_runs_without_replay_with_a_warning():
-    # nonzero's output size depends on the data: the host must wait for the
-    # device, which a capture forbids.
+    from torchneuron.compile.graphs import GraphReplay
+
+    def compiled(args):  # a compiled graph (boxed convention) that reads a value on the host
+        (x,) = args
+        args.clear()
+        return [x * float(x.sum().item())]
+
+    replay = GraphReplay(compiled, (), (), "the test graph")
+    xs = [torch.randn(8) for _ in range(3)]
+    with pytest.warns(UserWarning, match="the test graph runs without graph replay: operation not permitted when"):
+        results = [replay([x.to("neuron")])[0].cpu() for x in xs]
+    for x, r in zip(xs, results):
+        torch.testing.assert_close(r, x * float(x.sum()))
+    metrics = torchneuron.get_dynamo_metrics()
+    assert len(metrics["graph_replay_fallbacks"]) == 1 and metrics["graph_replays"] == 0
+    assert (torch.ones(3, device="neuron") * 2).sum().item() == 6  # the device is fine
+
+
+def test_data_dependent_graphs_run_without_replay_and_stay_correct():
     def f(x):
         return torch.nonzero(x > 1).float().sum(0) + 1
 
     compiled = torch.compile(f, backend="neuron", mode="reduce-overhead")
     xs = [torch.randint(0, 4, (4, 9)).float() for _ in range(3)]
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        with pytest.warns(UserWarning, match="runs without graph replay: operation not permitted when stream is cap"):
+        with pytest.warns(UserWarning, match="runs without graph replay"):
             results = [compiled(x.to("neuron")).cpu() for x in xs]
     for x, r in zip(xs, results):
         torch.testing.assert_close(r, f(x))
-    metrics = torchneuron.get_dynamo_metrics()
-    assert len(metrics["graph_replay_fallbacks"]) == 1 and metrics["graph_replays"] == 0
-    assert (torch.ones(3, device="neuron") * 2).sum().item() == 6  # the device is fine
 
 
 def test_unsupported_mode_names_the_mode():
@@ -216,3 +230,43 @@ def test_unsupported_mode_names_the_mode():
     with pytest.warns(UserWarning, match="neuron has no kernel variants to autotune"):
         out = f(torch.ones(2, device="neuron"))
     assert out.cpu().tolist() == [2.0, 2.0]
+
+
+def test_graphs_with_host_kernels_are_not_replayed():
+    class HostThenDevice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(4, device="neuron"))
+
+        def forward(self, c):
+            return self.w + (c * 2).sin().to("neuron")  # c is a CPU tensor
+
+    module = HostThenDevice()
+    compiled = torch.compile(module, backend="neuron", mode="reduce-overhead")
+    with torch.no_grad(), pytest.warns(UserWarning, match="runs without graph replay"):
+        for i in range(4):
+            c = torch.full((4,), float(i))
+            torch.testing.assert_close(compiled(c).cpu(), (c * 2).sin())
+    assert torchneuron.get_dynamo_metrics()["graph_replays"] == 0
+
+
+def test_empty_outputs_keep_their_dtype_under_replay():
+    def f(x, idx):
+        return x * 2, idx[:0] + 1
+
+    compiled = torch.compile(f, backend="neuron", mode="reduce-overhead")
+    x = torch.randn(4, device="neuron")
+    idx = torch.arange(3, device="neuron")
+    for _ in range(3):
+        a, b = compiled(x, idx)
+        assert b.dtype == torch.int64 and b.shape == (0,)
+        torch.testing.assert_close(a.cpu(), x.cpu() * 2)
+
+
+def test_pageable_host_copies_cannot_be_captured():
+    x = torch.zeros(4, device="neuron")
+    with pytest.raises(RuntimeError, match="copy_ from pageable host memory"):
+        with torch.accelerator.Graph():
+            x.copy_(torch.ones(4))
+    x.copy_(torch.ones(4))
+    assert x.cpu().tolist() == [1.0] * 4

@@ -65,6 +65,10 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       // The task holds the source, so its pinned block outlives the copy.
       enqueue(device, "copy_ (host to device)", [src, dst_view]() mutable { dst_view.copy_(src); });
     } else {
+      // As on CUDA: a graph would replay the snapshot taken at capture time.
+      TORCH_CHECK(!backend::runtime_stream(backend::current_stream(device)).capturing(),
+                  "operation not permitted when stream is capturing: copy_ from pageable host memory to ",
+                  dst.device(), "; copy from pinned memory (non_blocking=True) or copy before the capture");
       at::Tensor staged = src.clone();  // snapshot of the pageable source
       enqueue(device, "copy_ (host to device)", [staged, dst_view]() mutable { dst_view.copy_(staged); });
     }

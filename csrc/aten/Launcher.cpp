@@ -378,7 +378,10 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   // The first call is checked against the CPU kernel and, if the plan was
   // wrong, run again synchronously: only for ops that running twice cannot
   // harm (ops that update an input keep the run-time error below).
-  const bool first = !plan->checked.load(std::memory_order_acquire) && !info.writes_inputs;
+  // In a graph capture nothing runs now: the recorded task raises if the plan
+  // is wrong instead (warm up before capturing, as on CUDA).
+  const bool first = !plan->checked.load(std::memory_order_acquire) && !info.writes_inputs &&
+                     !backend::runtime_stream(backend::current_stream(device)).capturing();
 
   c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });

@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <unordered_map>
 
 #include "../runtime/Graph.h"
 #include "Allocator.h"
@@ -18,8 +19,9 @@ namespace torchneuron::backend {
 
 namespace {
 
-// Pool ids this process hands out; user pools passed back to capture_begin
-// (graph.pool()) are shared, as on CUDA.
+// Pool ids this process hands out. A pool passed back to capture_begin
+// (graph.pool()) is shared: its memory lives until the last graph using it is
+// reset. (Unlike CUDA, memory freed during a capture is not reused within it.)
 uint64_t pool_key(at::MempoolId_t id) { return id.first ? id.first : (id.second | (uint64_t(1) << 63)); }
 
 at::MempoolId_t new_pool_id() {
@@ -66,7 +68,8 @@ class NeuronGraph final : public at::GraphImplInterface {
   void replay() override {
     TORCH_CHECK(captured_, "neuron graph: replay before a capture ended");
     runtime::Stream& stream = runtime_stream(current_stream(stream_.device_index()));
-    graph_.replay_on(stream);
+    uint64_t seq = graph_.replay_on(stream);
+    replays_[&stream] = seq;
     if (launch_blocking()) stream.synchronize();
   }
 
@@ -89,6 +92,9 @@ class NeuronGraph final : public at::GraphImplInterface {
 
  private:
   void release() {
+    // The pool's memory may only be reused once queued replays are done.
+    for (auto& [stream, seq] : replays_) stream->wait_until(seq);
+    replays_.clear();
     graph_.clear();
     captured_ = false;
     if (holds_pool_) caching_allocator().release_graph_pool(stream_.device_index(), pool_key(pool_));
@@ -100,6 +106,7 @@ class NeuronGraph final : public at::GraphImplInterface {
   c10::Stream stream_{c10::Stream::DEFAULT, c10::Device(kNeuron, 0)};
   at::MempoolId_t pool_{0, 0};
   bool capturing_ = false, captured_ = false, holds_pool_ = false, debug_ = false;
+  std::unordered_map<runtime::Stream*, uint64_t> replays_;  // last replay queued per stream
 };
 
 }  // namespace

@@ -2,9 +2,10 @@
 //
 // During a capture the stream does not run what is enqueued on it; it appends
 // it here. Replay enqueues a single task that runs the recorded tasks in order
-// on the same device memory, so a whole step costs one launch. Tasks must
-// therefore be re-runnable, which every task of the glue is: they read their
-// arguments from device memory each time they run.
+// on the same device memory, so a whole step costs one launch. Tasks read
+// their tensor arguments from device memory each time they run; what they
+// took by value at launch (host scalars, the CPU generator of a random op)
+// stays as captured, as kernel arguments do in a CUDA graph.
 #pragma once
 
 #include <memory>

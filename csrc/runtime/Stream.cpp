@@ -102,13 +102,13 @@ void Stream::begin_capture(Graph* graph, uint64_t tag) {
   if (capture_.load(std::memory_order_relaxed))
     throw std::logic_error("neuron stream " + std::to_string(id_) + " on device " + std::to_string(device_) +
                            " is already capturing a graph");
-  capture_tag_ = tag;
+  capture_tag_.store(tag, std::memory_order_release);
   capture_.store(graph, std::memory_order_release);
 }
 
 Graph* Stream::end_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
-  capture_tag_ = 0;
+  capture_tag_.store(0, std::memory_order_release);
   return capture_.exchange(nullptr, std::memory_order_acq_rel);
 }
 

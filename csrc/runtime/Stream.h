@@ -53,7 +53,7 @@ class Stream {
   void begin_capture(Graph* graph, uint64_t tag);
   Graph* end_capture();
   bool capturing() const { return capture_.load(std::memory_order_acquire) != nullptr; }
-  uint64_t capture_tag() const { return capturing() ? capture_tag_ : 0; }
+  uint64_t capture_tag() const { return capture_tag_.load(std::memory_order_acquire); }
 
  private:
   void run();
@@ -71,7 +71,7 @@ class Stream {
   std::exception_ptr error_;
   std::atomic<bool> has_error_{false};
   std::atomic<Graph*> capture_{nullptr};
-  uint64_t capture_tag_ = 0;
+  std::atomic<uint64_t> capture_tag_{0};
 };
 
 // Called at the start of every worker thread (e.g. to set its intra-op

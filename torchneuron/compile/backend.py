@@ -22,7 +22,7 @@ import time
 import warnings
 
 import torch
-from torch._dynamo.exc import RestartAnalysis
+from torch._dynamo.exc import RestartAnalysis, ShortenTraceback, SkipFrame
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.output_code import OutputCode
 
@@ -122,17 +122,22 @@ class EagerGraph(OutputCode):
         pass
 
 
-def _inner_compile(gm, example_inputs, *, graph_name: str, **kwargs):
+# Raised on purpose inside compilation to steer Dynamo; never a compile failure.
+_CONTROL_FLOW = (RestartAnalysis, SkipFrame, ShortenTraceback)
+
+
+def _inner_compile(gm, example_inputs, *, graph_name: str, failed: list, **kwargs):
     """Inductor's per-graph compile (forward, backward or inference) with the eager fallback."""
     start = time.perf_counter()
     try:
         return compile_fx_inner(gm, example_inputs, **kwargs)
-    except RestartAnalysis:
+    except _CONTROL_FLOW:
         raise
     except Exception as error:
         if _strict():
             raise
         part = "backward" if kwargs.get("is_backward") else "forward"
+        failed.append(part)
         _fallback_warning(f"the {part} of {graph_name}", error)
         return EagerGraph(gm)
     finally:
@@ -155,14 +160,15 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None
     if settings.replay:
         patches["cudagraph_policy"] = ReplayPolicy(graph_name)
     start = time.perf_counter()
+    failed: list[str] = []
     try:
         compiled = compile_fx(
             gm,
             example_inputs,
-            inner_compile=functools.partial(_inner_compile, graph_name=graph_name),
+            inner_compile=functools.partial(_inner_compile, graph_name=graph_name, failed=failed),
             config_patches=patches,
         )
-    except RestartAnalysis:
+    except _CONTROL_FLOW:
         raise
     except Exception as error:
         if _strict():
@@ -171,5 +177,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None
         return gm.forward
     finally:
         metrics.record(compile_seconds=time.perf_counter() - start)
-    metrics.record(compiled_graphs=1)
+    if "forward" not in failed:
+        metrics.record(compiled_graphs=1)
     return compiled

@@ -7,8 +7,9 @@ code into a ``torch.accelerator.Graph`` and from then on replays it: one device
 task per call instead of one launch per kernel and per op.
 
 Inputs are handled as CUDA-graph trees do:
-- static inputs (parameters and buffers, as Inductor marks them) are used in
-  place; if one moves to another address the graph is recorded again;
+- static inputs (parameters and buffers, as Inductor marks them, and any
+  nn.Parameter passed to a backward) are used in place; if one moves to
+  another address the graph is recorded again;
 - other inputs are copied into buffers owned by the recording (one launch);
   inputs the graph mutates are copied back afterwards;
 - a new signature gets its own recording (a shape change never reuses one).
@@ -17,7 +18,16 @@ Outputs are copied out of the graph's memory into fresh tensors (one launch),
 so results stay valid when the graph replays again: unlike CUDA graphs, users
 need neither ``clone()`` nor ``cudagraph_mark_step_begin()``.
 
-A graph that cannot be recorded (it synchronises with the host) runs without replay from then on, with one warning and
+Recording happens on a private stream, so work other threads launch meanwhile
+on the default stream is not captured; replays run on the caller's current
+stream. A GraphReplay must not be called from several threads at once (the
+recording's input buffers are shared), as with CUDA graphs.
+
+Graphs with CPU kernels or CPU inputs are not replayed (their host work would
+run only at capture time). Random ops in a replay draw new numbers each time,
+but from a generator captured at recording (``torch.manual_seed`` does not
+rewind them). A graph that cannot be recorded (it synchronises with the host,
+or has more than MAX_RECORDINGS input signatures) runs without replay from then on, with one warning and
 the reason in ``get_dynamo_metrics()["graph_replay_fallbacks"]``.
 """
 
@@ -34,6 +44,8 @@ from . import metrics
 # A parameter that keeps moving (a user re-creating it every step) would make
 # every call record again; past this many re-recordings the graph runs plainly.
 RERECORD_LIMIT = 16
+# Each recording keeps its own memory: dynamic shapes must not grow them without bound.
+MAX_RECORDINGS = 8
 
 
 def _signature(args: list, static: frozenset) -> tuple:
@@ -56,6 +68,7 @@ def _copyable(t: torch.Tensor) -> torch.Tensor:
 
 class _Recording:
     def __init__(self, compiled, args: list, static: frozenset, mutated: frozenset):
+        static = static | {i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)}
         self.static_index = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i in static]
         self.static_ptrs = [args[i].data_ptr() for i in self.static_index]
         self.copied_index = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in static]
@@ -67,20 +80,26 @@ class _Recording:
             _copyable(buffer).copy_(_copyable(a))
             self.inputs[i] = buffer
         self.graph = torch.accelerator.Graph()
-        self.graph.capture_begin()
-        try:
-            outputs = compiled(list(self.inputs))
-        finally:
-            self.graph.capture_end()
+        caller = torch.neuron.current_stream()
+        private = torch.neuron.Stream()
+        private.wait_stream(caller)
+        with torch.neuron.stream(private):
+            self.graph.capture_begin()
+            try:
+                outputs = compiled(list(self.inputs))
+            finally:
+                self.graph.capture_end()
         self.outputs = list(outputs)
         # Outputs over input memory: views of a static input are returned as
         # they are; views of a copied input are rebuilt over the caller's tensor.
-        static_storages = {args[i].untyped_storage().data_ptr() for i in self.static_index}
-        copied_storages = {self.inputs[i].untyped_storage().data_ptr(): i for i in self.copied_index}
+        static_storages = {args[i].untyped_storage().data_ptr() for i in self.static_index
+                           if args[i].untyped_storage().nbytes()}
+        copied_storages = {self.inputs[i].untyped_storage().data_ptr(): i for i in self.copied_index
+                           if self.inputs[i].untyped_storage().nbytes()}
         self.static_outputs, self.input_views = set(), {}
         for k, o in enumerate(self.outputs):
-            if not isinstance(o, torch.Tensor):
-                continue
+            if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
+                continue  # (every empty storage has address 0)
             storage = o.untyped_storage().data_ptr()
             if storage in static_storages:
                 self.static_outputs.add(k)
@@ -136,6 +155,10 @@ class GraphReplay:
     def __call__(self, args: list):
         if self.disabled_reason is not None:
             return self.compiled(args)
+        host = next((a for a in args if isinstance(a, torch.Tensor) and a.device.type != "neuron"), None)
+        if host is not None:
+            self._disable(f"an input is on {host.device}")
+            return self.compiled(args)
         key = _signature(args, self.static)
         recording = self.recordings.get(key)
         if recording is not None and recording.statics_moved(args):
@@ -148,6 +171,9 @@ class GraphReplay:
         if recording is None:
             if key not in self.warmed_up:
                 self.warmed_up.add(key)
+                return self.compiled(args)
+            if len(self.recordings) >= MAX_RECORDINGS:
+                self._disable(f"more than {MAX_RECORDINGS} input signatures (dynamic shapes)")
                 return self.compiled(args)
             try:
                 recording = _Recording(self.compiled, args, self.static, self.mutated)
@@ -185,6 +211,13 @@ class ReplayPolicy(CUDAGraphPolicy):
             return output_code
         kwargs = output_code.fx_kwargs
         kind = "backward" if kwargs.get("is_backward") else "forward"
+        others = set(output_code.device_types) - {"neuron", "meta"}
+        if others:
+            reason = f"the {kind} of {self.graph_name} has kernels on {', '.join(sorted(others))}"
+            metrics.record(graph_fallbacks={"graph": f"the {kind} of {self.graph_name}", "reason": reason})
+            warnings.warn(f"torch.compile(mode='reduce-overhead') on neuron: {reason}; it runs without graph "
+                          "replay", stacklevel=2)
+            return output_code
         static = () if kwargs.get("is_backward") else kwargs.get("static_input_idxs") or ()
         name = f"the {kind} of {self.graph_name}"
         output_code.current_callable = GraphReplay(

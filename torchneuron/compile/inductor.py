@@ -58,7 +58,19 @@ class _NeuronKernelCalls:
         if device.type != DEVICE or triton:
             return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
         index = -1 if device.index is None else device.index
-        self.writeline(self.wrap_kernel_call(kernel_name, [str(index), *call_args]))
+        graph = torch._inductor.virtualized.V.graph
+        target = f"{DEVICE}:{index}" if index >= 0 else DEVICE
+        args = []
+        for arg in call_args:
+            buffer = graph.try_get_buffer(arg) if isinstance(arg, str) else None
+            arg_device = getattr(buffer, "get_device", lambda: None)()
+            if arg_device is not None and arg_device.type == "cpu":
+                # A host scalar read by a device kernel: the task reads memory
+                # later, so the value is copied to the device at launch, as an
+                # eager op snapshots its host arguments.
+                arg = f"{arg}.to({target!r})"
+            args.append(arg)
+        self.writeline(self.wrap_kernel_call(kernel_name, [str(index), *args]))
 
 
 class NeuronWrapperCodegen(_NeuronKernelCalls, PythonWrapperCodegen):
