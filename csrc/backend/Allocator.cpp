@@ -82,6 +82,13 @@ class DeviceCache {
     std::unique_lock<std::mutex> lock(mutex_);
     process_pending();
     size_t size = round_size(requested);
+    if (graph_pool) {
+      if (Block* reused = take_freed_graph_block(graph_pool, size)) {
+        update(stats_.requested_bytes, reused->small, int64_t(requested) - int64_t(reused->requested));
+        reused->requested = requested;
+        return reused;
+      }
+    }
     bool small = size <= kSmallSize;
     auto& pool = small ? small_pool_ : large_pool_;
     Block* block = find_free(pool, stream, size);
@@ -126,6 +133,9 @@ class DeviceCache {
     if (block->pool) {
       // Graph memory: replays still write it, so it stays the pool's (and
       // counts as allocated) until the last graph using the pool is reset.
+      // Later allocations of captures into the same pool may take it: replays
+      // run in capture order, so the earlier uses are done by then (as CUDA's
+      // graph pools assume).
       auto it = pools_.find(block->pool);
       if (it != pools_.end()) return it->second.held.push_back(block);
       block->pool = 0;
@@ -150,6 +160,21 @@ class DeviceCache {
   }
 
  private:
+  // The smallest block of the pool freed since its capture that fits `size`
+  // without wasting more than half of it.
+  Block* take_freed_graph_block(uint64_t pool, size_t size) {
+    auto it = pools_.find(pool);
+    if (it == pools_.end()) return nullptr;
+    auto& held = it->second.held;
+    auto best = held.end();
+    for (auto b = held.begin(); b != held.end(); ++b)
+      if ((*b)->size >= size && (*b)->size <= 2 * size && (best == held.end() || (*b)->size < (*best)->size)) best = b;
+    if (best == held.end()) return nullptr;
+    Block* block = *best;
+    held.erase(best);
+    return block;
+  }
+
   void free_locked(Block* block) {
     block->allocated = false;
     update(stats_.allocation, block->small, -1);

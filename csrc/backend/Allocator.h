@@ -24,8 +24,8 @@ class CachingAllocator : public c10::DeviceAllocator {
   // Allocates on an explicit device (the current stream of that device).
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
   // Graph memory pools (non-zero ids). Blocks allocated while a stream
-  // captures into a pool are not reused when freed until the last graph
-  // holding the pool releases it: replays keep writing them.
+  // captures into a pool serve only captures into that pool until the last
+  // graph holding the pool releases it: replays keep writing them.
   void retain_graph_pool(c10::DeviceIndex device, uint64_t pool);
   void release_graph_pool(c10::DeviceIndex device, uint64_t pool);
   // Whether `ptr` was produced by this allocator.

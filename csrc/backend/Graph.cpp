@@ -20,8 +20,8 @@ namespace torchneuron::backend {
 namespace {
 
 // Pool ids this process hands out. A pool passed back to capture_begin
-// (graph.pool()) is shared: its memory lives until the last graph using it is
-// reset. (Unlike CUDA, memory freed during a capture is not reused within it.)
+// (graph.pool()) is shared, as on CUDA: memory freed by one capture may serve
+// a later one, so graphs sharing a pool must replay in capture order.
 uint64_t pool_key(at::MempoolId_t id) { return id.first ? id.first : (id.second | (uint64_t(1) << 63)); }
 
 at::MempoolId_t new_pool_id() {
