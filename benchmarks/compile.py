@@ -13,50 +13,26 @@ The model and loss are compiled; the optimizer step runs eagerly in every loop.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_step  # noqa: E402
 from _common import interleaved, report  # noqa: E402
-
-from torchneuron.demo import GPT  # noqa: E402
-
-VOCAB, LAYERS, HEADS, CONTEXT, BATCH = 96, 4, 4, 64, 8
+from train_step import BATCH, CONTEXT  # noqa: E402
 
 
 def make_loop(device: str, d_model: int, steps: int, backend: str | None, mode: str | None = None):
-    torch.manual_seed(0)
-    model = GPT(VOCAB, d_model=d_model, n_layer=LAYERS, n_head=HEADS, context=CONTEXT).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(VOCAB, (BATCH, CONTEXT + 1), generator=gen) for _ in range(steps)]
-
-    def loss_of(x, y):
-        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-
-    step_loss = torch.compile(loss_of, backend=backend, mode=mode) if backend else loss_of
-
-    def run() -> float:
-        """Seconds per step over `steps` steps, ending with the device idle."""
-        t0 = time.perf_counter()
-        for chunk in batches:
-            chunk = chunk.to(device)
-            loss = step_loss(chunk[:, :-1], chunk[:, 1:])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        loss.item()  # waits for the device
-        return (time.perf_counter() - t0) / steps
-
-    return run
+    """train_step's loop with the loss computation compiled by `backend` (eager when None)."""
+    compile_loss = functools.partial(torch.compile, backend=backend, mode=mode) if backend else None
+    return train_step.make_loop(device, d_model, steps, compile_loss)
 
 
 def first_step_seconds(d_model: int) -> float:

@@ -23,20 +23,25 @@ from torchneuron.demo import GPT  # noqa: E402
 VOCAB, LAYERS, HEADS, CONTEXT, BATCH = 96, 4, 4, 64, 8
 
 
-def make_loop(device: str, d_model: int, steps: int):
+def make_loop(device: str, d_model: int, steps: int, compile_loss=None):
+    """A training loop; `compile_loss` (e.g. a torch.compile partial) wraps the loss computation."""
     torch.manual_seed(0)
     model = GPT(VOCAB, d_model=d_model, n_layer=LAYERS, n_head=HEADS, context=CONTEXT).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(VOCAB, (BATCH, CONTEXT + 1), generator=gen) for _ in range(steps)]
 
+    def loss_of(x, y):
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+    step_loss = compile_loss(loss_of) if compile_loss else loss_of
+
     def run() -> float:
         """Seconds per step over `steps` steps, ending with the device idle."""
         t0 = time.perf_counter()
         for chunk in batches:
             chunk = chunk.to(device)
-            x, y = chunk[:, :-1], chunk[:, 1:]
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss = step_loss(chunk[:, :-1], chunk[:, 1:])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -373,7 +373,8 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);
   c10::Stream current = current_stream(device);
   // Allocations of a capturing stream belong to its graph's memory pool.
-  uint64_t pool = runtime_stream(current).capture_tag();
+  // (lazy_init above: the runtime stream is looked up directly, as on every allocation.)
+  uint64_t pool = runtime::get_stream(device, int(current.id())).capture_tag();
   Block* block = cache(device).malloc(nbytes, int(current.id()), pool);
   return c10::DataPtr(block->ptr, block, &free_block, dev);
 }
