@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "aten/CompiledKernel.h"
+#include "aten/HostTask.h"
 #include "aten/OpTracking.h"
 #include "backend/Allocator.h"
 #include "backend/Current.h"
@@ -35,6 +36,9 @@ py::dict platform_dict(const runtime::Platform& p) {
   d["psum_bank_fp32"] = p.psum_bank_fp32;
   d["vector_tflops"] = p.vector_tflops;
   d["scalar_tflops"] = p.scalar_tflops;
+  d["tensor_clock_ghz"] = p.tensor_clock_ghz;
+  d["vector_clock_ghz"] = p.vector_clock_ghz;
+  d["scalar_clock_ghz"] = p.scalar_clock_ghz;
   return d;
 }
 
@@ -108,6 +112,25 @@ PYBIND11_MODULE(_C, m) {
 
   // compiled kernels
   m.def("_compiled_kernel_launcher", &aten::compiled_kernel_launcher);
+
+  // host code as a device task (NKI kernels): fn(views) runs on the stream's
+  // worker with the GIL, so callers must not wait for the device holding it.
+  m.def("_enqueue_host_task", [](const std::string& name, const std::vector<at::Tensor>& tensors, py::function fn) {
+    // The worker may drop the last reference: do it under the GIL.
+    std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+      py::gil_scoped_acquire gil;
+      delete f;
+    });
+    py::gil_scoped_release no_gil;
+    return aten::enqueue_host_task(name, tensors, [held](const std::vector<at::Tensor>& views) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*held)(views);
+      } catch (py::error_already_set& e) {
+        throw std::runtime_error(e.what());
+      }
+    });
+  });
 
   // op tracking
   m.def("_executed_ops", &aten::executed_ops);

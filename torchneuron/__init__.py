@@ -17,6 +17,7 @@ from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_o
 
 __all__ = [
     "get_executed_ops", "get_fallback_ops", "clear_op_tracking", "get_dynamo_metrics", "reset_dynamo_metrics",
+    "nki_op", "wrap_nki",
 ]
 __version__ = "0.1.0"
 
@@ -32,6 +33,20 @@ def reset_dynamo_metrics() -> None:
     from torchneuron.compile import metrics
 
     metrics.reset_dynamo_metrics()
+
+
+def nki_op(name: str, mutates_args=(), *, schema=None):
+    """Registers an NKI kernel as a PyTorch operator; see torchneuron.nki._custom_op."""
+    from torchneuron.nki._custom_op import nki_op as make
+
+    return make(name, mutates_args, schema=schema)
+
+
+def wrap_nki(kernel, mutates_args=()):
+    """An NKI kernel as an operator with a generated name; see torchneuron.nki._custom_op."""
+    from torchneuron.nki._custom_op import wrap_nki as wrap
+
+    return wrap(kernel, mutates_args)
 
 
 def _register() -> None:

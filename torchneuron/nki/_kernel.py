@@ -1,0 +1,245 @@
+"""``nki.jit`` kernels: checking, launching on neuron tensors, and running on the host.
+
+Every call first runs the kernel's *check pass* on meta tensors (cached per argument signature):
+all rules are enforced and the output declarations collected before any data moves. Then:
+  - neuron tensors: outputs are allocated on the device and one task is enqueued on the current
+    stream; the task runs the kernel on host views of the device buffers (asynchronous, like an
+    eager op);
+  - NumPy arrays or CPU tensors (``nki.simulate``): the kernel runs at once on the host.
+"""
+
+import functools
+import inspect
+import itertools
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from torchneuron.nki import _context
+from torchneuron.nki._cost import CostRecorder
+from torchneuron.nki._errors import NKIError
+from torchneuron.nki._tile import Allocation, NkiTensor, hbm, shared_hbm
+
+_KNOWN_OPTIONS = {"mode", "mutates_args", "platform_target"}
+
+
+@dataclass
+class Plan:
+    """What the check pass learned about a call signature."""
+
+    outputs: list          # (shape, dtype) of each shared_hbm tensor, in declaration order
+    returns: object        # the return structure: ("out", i), ("in", name), None, or a tuple/list of these
+    sbuf_peak: int
+    psum_peak: int
+
+
+def _is_array(x):
+    return isinstance(x, (torch.Tensor, np.ndarray))
+
+
+class Kernel:
+    """A kernel function made callable on tensors; ``kernel[g0, g1]`` launches an SPMD grid."""
+
+    def __init__(self, fn, mutates_args=(), grid=(), plans=None):
+        if isinstance(mutates_args, str):
+            mutates_args = (mutates_args,)
+        self.fn = fn
+        self.grid = grid
+        self.mutates_args = tuple(mutates_args)
+        self.signature = inspect.signature(fn)
+        unknown = set(self.mutates_args) - set(self.signature.parameters)
+        if unknown:
+            raise ValueError(f"nki.jit({fn.__name__}): mutates_args names {sorted(unknown)}, which are not "
+                             f"parameters of the kernel {list(self.signature.parameters)}")
+        self._plans = {} if plans is None else plans
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self):
+        return f"<nki kernel {self.fn.__qualname__}{list(self.grid) if self.grid else ''}>"
+
+    def __getitem__(self, grid):
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        if not grid or any(not isinstance(g, (int, np.integer)) or g < 1 for g in grid):
+            raise ValueError(f"{self.fn.__name__}[{grid}]: an SPMD grid is one or more positive integers")
+        return Kernel(self.fn, self.mutates_args, tuple(int(g) for g in grid), self._plans)
+
+    # -- the two passes ---------------------------------------------------------------------------
+    def _bind(self, args, kwargs):
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.fn.__name__}: {e}") from None
+        bound.apply_defaults()
+        return bound.arguments
+
+    def _run(self, arguments, ctx, tensors):
+        """Runs every program of the grid with ``tensors`` (name -> torch tensor) as HBM inputs."""
+        wrapped = dict(arguments)
+        for name, t in tensors.items():
+            wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True,
+                                                          mutable=name in self.mutates_args))
+        inputs = {id(w.alloc): name for name, w in wrapped.items() if name in tensors}
+        result = None
+        with _context.active(ctx):
+            for program in itertools.product(*(range(g) for g in self.grid)) if self.grid else [()]:
+                ctx.program, ctx.cursor = program, 0
+                result = self.fn(**wrapped)
+        return self._structure(result, ctx, inputs)
+
+    def _structure(self, value, ctx, inputs):
+        if value is None:
+            return None
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._structure(v, ctx, inputs) for v in value)
+        if isinstance(value, NkiTensor):
+            if value.key is None and id(value.alloc) in inputs:
+                return ("in", inputs[id(value.alloc)])
+            for i, out in enumerate(ctx.outputs):
+                if out.alloc is value.alloc and value.shape == out.shape:
+                    return ("out", i)
+            raise NKIError("kernel-return", f"{self.fn.__name__} returns {value.describe()}; a kernel returns whole "
+                           "HBM tensors declared with nl.ndarray(..., buffer=nl.shared_hbm) (or its inputs)")
+        raise NKIError("kernel-return", f"{self.fn.__name__} returns a {type(value).__name__}; a kernel returns "
+                       "HBM tensors, tuples of them, or None")
+
+    def check(self, arguments, target=None, cost=False):
+        """The check pass: a Plan (and a CostRecorder when ``cost``), raising NKIError on any violation."""
+        tensors = {n: v for n, v in arguments.items() if _is_array(v)}
+        key = None
+        if not cost:
+            try:
+                key = (self.grid, target, tuple(
+                    (n, tuple(v.shape), tuple(v.stride()) if isinstance(v, torch.Tensor) else v.strides, str(v.dtype))
+                    if n in tensors else (n, v) for n, v in arguments.items()))
+                plan = self._plans.get(key)
+                if plan is not None:
+                    return plan, None
+            except TypeError:  # an unhashable argument: check every call
+                key = None
+        meta = {n: _meta(v) for n, v in tensors.items()}
+        ctx = _context.CallContext(_context.Platform.named(target), checking=True, grid=self.grid)
+        if cost:
+            ctx.cost = CostRecorder(ctx.platform)
+        returns = self._run(arguments, ctx, meta)
+        plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns, ctx.sbuf_peak, ctx.psum_peak)
+        if key is not None:
+            self._plans[key] = plan
+        return plan, ctx.cost
+
+    def execute(self, arguments, plan, host_tensors, output_buffers):
+        """The run pass on host tensors; ``output_buffers`` receive the declared shared_hbm tensors."""
+        ctx = _context.CallContext(_context.Platform.named(), checking=False, grid=self.grid)
+        ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(output_buffers)]
+        ctx.preset_outputs = output_buffers
+        self._run(arguments, ctx, host_tensors)
+
+    # -- calls ----------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        arguments = self._bind(args, kwargs)
+        tensors = {n: v for n, v in arguments.items() if _is_array(v)}
+        devices = {n: v.device for n, v in tensors.items() if isinstance(v, torch.Tensor)}
+        kinds = {d.type for d in devices.values()}
+        if len(set(devices.values())) > 1:
+            listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+            raise RuntimeError(f"{self.fn.__name__}: expected all tensors on one device, got {listing}")
+        if kinds == {"neuron"}:
+            if len(devices) != len(tensors):
+                raise TypeError(f"{self.fn.__name__}: NumPy arrays cannot be mixed with neuron tensors")
+            return self._launch(arguments, tensors)
+        if kinds - {"cpu"}:
+            raise RuntimeError(f"{self.fn.__name__}: NKI kernels run on neuron tensors, or on CPU tensors and NumPy "
+                               f"arrays through the simulator; got tensors on {sorted(kinds)}")
+        return self._simulate(arguments, tensors)
+
+    def _launch(self, arguments, tensors):
+        from torchneuron import _C
+        plan, _ = self.check(arguments)
+        device = next(iter(tensors.values())).device
+        outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.outputs]
+        names = list(tensors)
+        scalars = {n: v for n, v in arguments.items() if n not in tensors}
+        n_in = len(names)
+
+        def task(views):
+            self.execute({**scalars, **dict(zip(names, views[:n_in]))}, plan, dict(zip(names, views[:n_in])),
+                         list(views[n_in:]))
+
+        _C._enqueue_host_task(f"nki kernel {self.fn.__name__}", list(tensors.values()) + outputs, task)
+        _tasks_enqueued()
+        return _restructure(plan.returns, outputs, tensors)
+
+    def _simulate(self, arguments, tensors):
+        plan, _ = self.check(arguments)
+        host = {n: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for n, v in tensors.items()}
+        outputs = [_filled(shape, dtype) for shape, dtype in plan.outputs]
+        self.execute({**arguments, **host}, plan, host, outputs)
+        as_numpy = any(isinstance(v, np.ndarray) for v in tensors.values())
+        if as_numpy:
+            outputs = [_to_numpy(o) for o in outputs]
+        return _restructure(plan.returns, outputs, tensors)
+
+
+def _meta(v):
+    if isinstance(v, np.ndarray):
+        v = torch.from_numpy(v) if v.dtype != object else v
+    return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+
+
+def _filled(shape, dtype):
+    """Simulated outputs start as NaN (floats) or 4 (integers), as NKI's simulator fills them."""
+    return torch.full(shape, float("nan") if dtype.is_floating_point else 4, dtype=dtype)
+
+
+def _to_numpy(t):
+    try:
+        return t.numpy()
+    except TypeError:  # bfloat16 / float8 have no NumPy dtype here: keep the tensor
+        return t
+
+
+def _restructure(returns, outputs, inputs):
+    if returns is None:
+        return None
+    if isinstance(returns, (tuple, list)) and (not returns or not isinstance(returns[0], str)):
+        return type(returns)(_restructure(r, outputs, inputs) for r in returns)
+    kind, index = returns
+    return outputs[index] if kind == "out" else inputs[index]
+
+
+_exit_hook_installed = False
+
+
+def _tasks_enqueued():
+    """Kernel tasks need the interpreter: wait for them before it shuts down."""
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        import atexit
+        atexit.register(_drain_devices)
+        _exit_hook_installed = True
+
+
+def _drain_devices():
+    try:
+        for d in range(torch.neuron.device_count()):
+            torch.neuron.synchronize(d)
+    except Exception:  # errors of abandoned work are not the exit's business
+        pass
+
+
+def jit(fn=None, *, mode="auto", mutates_args=(), **options):
+    """Decorator: ``@nki.jit`` or ``@nki.jit(mutates_args=("x",))`` makes a function an NKI kernel.
+
+    ``mode`` is accepted for compatibility: a kernel runs on the device its tensors are on and in
+    the simulator for NumPy arrays and CPU tensors, whatever the mode.
+    """
+    unknown = set(options) - _KNOWN_OPTIONS
+    if unknown:
+        warnings.warn(f"nki.jit: options {sorted(unknown)} are compiler options of the Neuron compiler and have no "
+                      "effect on the emulated device", stacklevel=2)
+    if fn is None:
+        return lambda f: jit(f, mode=mode, mutates_args=mutates_args, **options)
+    if isinstance(fn, Kernel):
+        return fn
+    return Kernel(fn, mutates_args)

@@ -1,0 +1,115 @@
+"""The compute core shared by ``nki.language`` and ``nki.isa``: operands, results, engines, cost."""
+
+import numpy as np
+import torch
+
+from torchneuron.nki import _context
+from torchneuron.nki._errors import NKIError
+from torchneuron.nki._tile import IndexExpr, NkiTensor, new_tile, psum, sbuf
+
+_DTYPES = {
+    "bool": torch.bool, "bool_": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32,
+    "float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16, "tfloat32": torch.float32,
+    "float8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+}
+
+
+def as_dtype(dtype):
+    """A torch dtype from an nl dtype, a torch or NumPy dtype, or a dtype name."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise NKIError("dtype", f"unsupported dtype {dtype!r}") from None
+
+
+def operand(x, what):
+    """A tile's values (as a torch tensor) or a Python scalar, checked for use in compute."""
+    if isinstance(x, NkiTensor):
+        x._check_on_chip(what)
+        end_accumulation(x)
+        return x.read(what=what)
+    if isinstance(x, (bool, int, float, np.number)):
+        return x
+    raise NKIError("operand", f"{what}: expected a tile in SBUF/PSUM or a scalar, got {type(x).__name__}")
+
+
+def compute(values):
+    """Vector, scalar and GpSimd engines compute floats in fp32 (bf16/fp8 inputs are widened)."""
+    if isinstance(values, torch.Tensor) and values.is_floating_point() and values.dtype != torch.float32:
+        return values.float()
+    return values
+
+
+def result_dtype(args, dtype):
+    if dtype is not None:
+        return as_dtype(dtype)
+    tensors = [a for a in args if isinstance(a, NkiTensor)]
+    if not tensors:
+        return torch.float32
+    out = tensors[0].dtype
+    for t in tensors[1:]:
+        out = torch.promote_types(out, t.dtype)
+    return out
+
+
+def check_partitions(shape, what):
+    pmax = _context.current().platform.pmax
+    if shape and shape[0] > pmax:
+        raise NKIError("partition-dim", f"{what}: partition dimension {shape[0]} exceeds maximum {pmax} "
+                       f"(result shape {tuple(shape)})")
+
+
+def make_result(values, dtype, what, mask=None, buffer=sbuf):
+    """A new tile holding ``values`` cast to ``dtype`` (elements outside ``mask`` are zero)."""
+    shape = tuple(values.shape)
+    check_partitions(shape, what)
+    if mask is not None:
+        keep = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(mask.values if isinstance(mask, IndexExpr)
+                                                                      else mask, shape))).to(values.device)
+        values = torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    values = values.to(dtype)
+    return new_tile(shape, dtype, buffer, name=f"result of {what}", data=values, written=True)
+
+
+def wrap_torch_errors(what, fn, *args):
+    try:
+        return fn(*args)
+    except NKIError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise NKIError("operands", f"{what}: {e}") from None
+
+
+def record(engine, what, shape, dtype=torch.float32, **extra):
+    """Counts an instruction for the cost model (check pass with estimation only)."""
+    ctx = _context.current()
+    if ctx.cost is not None:
+        ctx.cost.instruction(engine, what, shape, dtype, **extra)
+
+
+def dst_write(dst, values, what, mask=None):
+    """Writes an instruction's result into its destination tile (ISA style)."""
+    if not isinstance(dst, NkiTensor):
+        raise NKIError("operand", f"{what}: dst must be a tile, got {type(dst).__name__}")
+    dst._check_on_chip(what)
+    end_accumulation(dst)
+    if isinstance(values, torch.Tensor) and tuple(values.shape) != dst.shape:
+        if values.numel() != int(np.prod(dst.shape)):
+            raise NKIError("shape-mismatch", f"{what}: the result has shape {tuple(values.shape)} but dst is "
+                           f"{dst.describe()}")
+        values = values.reshape(dst.shape)
+    dst.write(values, mask=mask, what=what)
+
+
+def in_psum(t):
+    return isinstance(t, NkiTensor) and t.buffer is psum
+
+
+def end_accumulation(t):
+    """Reading a PSUM tile (eviction) or overwriting it closes its matmul accumulation groups."""
+    if t.buffer is psum and t.alloc.groups:
+        t.alloc.groups.clear()

@@ -1,0 +1,396 @@
+"""``nki.language`` (``nl``): tiles, memory movement, math, reductions, loops and SPMD ids."""
+
+import builtins
+import math
+
+import numpy as np
+import torch
+
+from torchneuron.nki import _context
+from torchneuron.nki._errors import NKIError
+from torchneuron.nki._ops import (as_dtype, check_partitions, compute, make_result, operand, record, result_dtype,
+                                  wrap_torch_errors)
+from torchneuron.nki._tile import IndexExpr, NkiTensor, ds, hbm, new_tile, private_hbm, psum, sbuf, shared_hbm
+
+__all__ = ["sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ds", "tile_size"]
+
+# -- dtypes (torch dtypes, so ``dtype=a.dtype`` of a torch tensor works too) ---------------------
+bool_ = torch.bool
+int8, int16, int32 = torch.int8, torch.int16, torch.int32
+uint8, uint16, uint32 = torch.uint8, torch.uint16, torch.uint32
+float16, float32, bfloat16 = torch.float16, torch.float32, torch.bfloat16
+tfloat32 = torch.float32  # stored as fp32; the tensor engine's tf32 rounding is not modelled
+float8_e4m3 = float8_e4m3fn = torch.float8_e4m3fn
+float8_e5m2 = torch.float8_e5m2
+
+
+class _TileSize:
+    """``nl.tile_size``: the tile limits of the platform target in use."""
+
+    def _p(self):
+        try:
+            return _context.current().platform
+        except NKIError:
+            return _context.Platform.named()
+
+    pmax = property(lambda self: self._p().pmax)
+    gemm_stationary_fmax = property(lambda self: self._p().stationary_fmax)
+    gemm_moving_fmax = property(lambda self: self._p().moving_fmax)
+    psum_fmax = psum_bank_fmax = property(lambda self: self._p().psum_bank_fp32)
+    psum_bank_fmax_bytes = property(lambda self: self._p().psum_bank_bytes)
+    psum_num_banks = property(lambda self: self._p().psum_banks)
+    sbuf_fmax_bytes = total_available_sbuf_size = property(lambda self: self._p().sbuf_partition_bytes)
+    bn_stats_fmax = 512
+
+
+tile_size = _TileSize()
+
+
+# -- creation ------------------------------------------------------------------------------------
+def _hbm_tensor(shape, dtype, buffer, name):
+    """shared_hbm tensors are shared by the programs of a grid: the i-th declaration of every program
+    is the same tensor. In the run pass they are the buffers the check pass declared."""
+    ctx = _context.current()
+    if buffer is not shared_hbm:
+        return new_tile(shape, dtype, buffer, name=name or "hbm tensor")
+    index, ctx.cursor = ctx.cursor, ctx.cursor + 1
+    if index < len(ctx.outputs):
+        t = ctx.outputs[index]
+        if t.shape != shape or t.dtype != dtype:
+            raise NKIError("output-declaration", f"shared_hbm tensor {index} is declared as {shape} {dtype} here but "
+                           f"as {t.shape} {t.dtype} by another program or when the kernel was checked")
+        return t
+    if ctx.preset_outputs is not None:
+        raise NKIError("output-declaration", "the kernel declared more shared_hbm tensors than when it was "
+                       "checked; declarations must not depend on data")
+    t = new_tile(shape, dtype, buffer, name=name or f"output {index}")
+    ctx.outputs.append(t)
+    return t
+
+
+def ndarray(shape, dtype, buffer=None, name="", **kwargs):
+    buffer = sbuf if buffer is None else buffer
+    shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    dtype = as_dtype(dtype)
+    if not buffer.on_chip:
+        return _hbm_tensor(shape, dtype, buffer, name)
+    return new_tile(shape, dtype, buffer, name=name or "tile")
+
+
+def full(shape, fill_value, dtype, buffer=None, name="", **kwargs):
+    t = ndarray(shape, dtype, buffer=buffer, name=name)
+    record("vector" if t.buffer.on_chip else "dma", "memset", t.shape, t.dtype)
+    t.write(fill_value, what="nl.full")
+    return t
+
+
+def zeros(shape, dtype, buffer=None, name="", **kwargs):
+    return full(shape, 0, dtype, buffer=buffer, name=name)
+
+
+def ones(shape, dtype, buffer=None, name="", **kwargs):
+    return full(shape, 1, dtype, buffer=buffer, name=name)
+
+
+def empty_like(a, dtype=None, buffer=None, name="", **kwargs):
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer if buffer is not None else a.buffer, name=name)
+
+
+def zeros_like(a, dtype=None, buffer=None, name="", **kwargs):
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer if buffer is not None else a.buffer, name=name)
+
+
+def ones_like(a, dtype=None, buffer=None, name="", **kwargs):
+    return ones(a.shape, dtype or a.dtype, buffer=buffer if buffer is not None else a.buffer, name=name)
+
+
+def par_dim(n):
+    """Marks the partition dimension in a shape (the first dimension is the partition dimension here)."""
+    return int(n)
+
+
+# -- index expressions ---------------------------------------------------------------------------
+def arange(start, stop=None, step=1):
+    if stop is None:
+        start, stop = 0, start
+    return IndexExpr(np.arange(int(start), int(stop), int(step)))
+
+
+class _MGrid:
+    def __getitem__(self, key):
+        return tuple(IndexExpr(a) for a in np.mgrid[key])
+
+
+mgrid = _MGrid()
+
+
+# -- loops and SPMD ids --------------------------------------------------------------------------
+def _range(kind, start, stop, step):
+    for v in (start, stop, step):
+        if v is not None and not isinstance(v, (int, np.integer)):
+            raise NKIError("loop-bounds", f"nl.{kind} bounds must be integers known when the kernel is traced, "
+                           f"got {type(v).__name__}")
+    return builtins.range(start, stop, step) if stop is not None else builtins.range(start)
+
+
+def affine_range(start, stop=None, step=1):
+    """Iterations without loop-carried dependencies (accumulation into a tile is allowed)."""
+    return _range("affine_range", start, stop, step)
+
+
+def sequential_range(start, stop=None, step=1):
+    return _range("sequential_range", start, stop, step)
+
+
+def static_range(start, stop=None, step=1):
+    return _range("static_range", start, stop, step)
+
+
+def program_id(axis=0):
+    ctx = _context.current()
+    if not 0 <= axis < builtins.max(len(ctx.grid), 1):
+        raise NKIError("program-id", f"nl.program_id({axis}): the launch grid {ctx.grid} has no axis {axis}")
+    return ctx.program[axis] if ctx.program else 0
+
+
+def num_programs(axes=None):
+    grid = _context.current().grid or (1,)
+    if axes is None:
+        return math.prod(grid)
+    if isinstance(axes, int):
+        return grid[axes]
+    return math.prod(grid[a] for a in axes)
+
+
+def program_ndim():
+    return len(_context.current().grid)
+
+
+def device_print(prefix, x, **kwargs):
+    """Prints a tile's values when the kernel runs (not while it is checked)."""
+    ctx = _context.current()
+    values = x.read(what="nl.device_print") if isinstance(x, NkiTensor) else x
+    if not ctx.checking:
+        print(prefix, values.numpy() if isinstance(values, torch.Tensor) else values, flush=True)
+
+
+# -- memory movement ------------------------------------------------------------------------------
+def load(src, mask=None, dtype=None, **kwargs):
+    """HBM -> a new SBUF tile."""
+    if not isinstance(src, NkiTensor) or src.buffer.on_chip:
+        where = src.buffer.name if isinstance(src, NkiTensor) else type(src).__name__
+        raise NKIError("load-from-hbm", f"nl.load reads from HBM tensors only, got {where}"
+                       f"{' ' + src.describe() if isinstance(src, NkiTensor) else ''}")
+    values = src.read(mask, what="nl.load")
+    check_partitions(values.shape, f"nl.load of {src.describe()}")
+    record("dma", "load", tuple(values.shape), src.dtype, src="hbm", dst="sbuf")
+    out_dtype = as_dtype(dtype) or src.dtype
+    return make_result(values.to(out_dtype, copy=True), out_dtype, "nl.load", mask)
+
+
+def store(dst, value, mask=None, **kwargs):
+    """An SBUF tile (or scalar) -> HBM."""
+    if not isinstance(dst, NkiTensor) or dst.buffer.on_chip:
+        raise NKIError("store-to-hbm", "nl.store writes to HBM tensors only, got "
+                       f"{dst.describe() if isinstance(dst, NkiTensor) else type(dst).__name__}")
+    if isinstance(value, NkiTensor):
+        if value.buffer is psum:
+            raise NKIError("store-from-psum", f"nl.store of {value.describe()}: PSUM cannot be stored to HBM; copy "
+                           "it to SBUF first (nl.copy or nisa.tensor_copy)")
+        if not value.buffer.on_chip:
+            raise NKIError("store-from-sbuf", f"nl.store: the value {value.describe()} is not an SBUF tile")
+        values = value.read(what="nl.store")
+    else:
+        values = value
+    record("dma", "store", dst.shape, dst.dtype, src="sbuf", dst="hbm")
+    dst.write(values, mask=mask, what=f"nl.store to {dst.describe()}")
+
+
+def copy(x, dtype=None, mask=None, **kwargs):
+    values = operand(x, "nl.copy")
+    record("vector", "copy", x.shape, x.dtype)
+    return make_result(values.clone(), as_dtype(dtype) or x.dtype, "nl.copy", mask)
+
+
+def broadcast_to(src, shape, **kwargs):
+    values = operand(src, "nl.broadcast_to")
+    record("vector", "broadcast", tuple(shape), src.dtype)
+    out = wrap_torch_errors("nl.broadcast_to", lambda: values.expand(tuple(shape)).clone())
+    return make_result(out, src.dtype, "nl.broadcast_to")
+
+
+def transpose(x, dtype=None, mask=None, **kwargs):
+    """Swaps the partition and free dimension of a 2-D tile (on the tensor engine)."""
+    values = operand(x, "nl.transpose")
+    if values.dim() != 2:
+        raise NKIError("transpose", f"nl.transpose takes a 2-D tile, got {x.describe()}")
+    pmax = _context.current().platform.pmax
+    if builtins.max(values.shape) > pmax:
+        raise NKIError("transpose-size", f"nl.transpose of {x.describe()}: both dimensions must be at most {pmax}")
+    record("tensor", "transpose", tuple(values.shape), x.dtype, matmul=(values.shape[0], values.shape[0],
+                                                                         values.shape[1]))
+    return make_result(values.t().clone(), as_dtype(dtype) or x.dtype, "nl.transpose", mask)
+
+
+def matmul(x, y, transpose_x=False, mask=None, **kwargs):
+    """``x @ y`` (``x.T @ y`` with transpose_x) into a new fp32 PSUM tile."""
+    from torchneuron.nki.isa import check_matmul
+    xs, ys = operand(x, "nl.matmul x"), operand(y, "nl.matmul y")
+    if not isinstance(xs, torch.Tensor) or not isinstance(ys, torch.Tensor):
+        raise NKIError("operand", "nl.matmul multiplies two tiles")
+    stationary = xs if transpose_x else xs.t()
+    check_matmul("nl.matmul", x, y, tuple(stationary.shape), tuple(ys.shape))
+    out = stationary.t().float() @ ys.float()
+    return make_result(out, torch.float32, "nl.matmul", mask, buffer=psum)
+
+
+# -- element-wise math ----------------------------------------------------------------------------
+def _gelu_tanh(x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+_UNARY = {
+    "abs": torch.abs, "negative": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "square": torch.square, "reciprocal": torch.reciprocal, "sin": torch.sin,
+    "cos": torch.cos, "tan": torch.tan, "tanh": torch.tanh, "arctan": torch.arctan, "sign": torch.sign,
+    "ceil": torch.ceil, "floor": torch.floor, "trunc": torch.trunc, "erf": torch.erf,
+    "erf_dx": lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x),
+    "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+    "gelu_apprx_tanh": _gelu_tanh, "gelu_apprx_sigmoid": lambda x: x * torch.sigmoid(1.702 * x),
+    "silu": torch.nn.functional.silu, "softplus": torch.nn.functional.softplus,
+    "mish": torch.nn.functional.mish, "logical_not": torch.logical_not, "invert": torch.bitwise_not,
+    "bypass": lambda x: x, "identity": lambda x: x,
+}
+_BINARY = {
+    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
+    "maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow, "fmod": torch.fmod,
+    "mod": torch.remainder, "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt,
+    "greater_equal": torch.ge, "less": torch.lt, "less_equal": torch.le, "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or, "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
+    "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "left_shift": torch.bitwise_left_shift,
+    "right_shift": torch.bitwise_right_shift, "abs_max": lambda a, b: torch.maximum(torch.abs(a), torch.abs(b)),
+}
+_BOOL_RESULT = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
+                "logical_or", "logical_xor", "logical_not"}
+# Which engine runs an op by default, for the cost model.
+_SCALAR_ENGINE = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "gelu_apprx_tanh", "gelu_apprx_sigmoid",
+                  "silu", "softplus", "mish", "erf", "erf_dx", "sin", "cos", "tan", "arctan", "relu", "square"}
+
+
+def _tensor_args(args):
+    return [torch.as_tensor(a) if not isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _elementwise(name, fn, arity):
+    def op(*args, dtype=None, mask=None, **kwargs):
+        if len(args) != arity:
+            raise NKIError("arguments", f"nl.{name} takes {arity} operand(s), got {len(args)}")
+        values = [compute(operand(a, f"nl.{name}")) for a in args]
+        if not builtins.any(isinstance(v, torch.Tensor) for v in values):
+            raise NKIError("operand", f"nl.{name} needs at least one tile operand")
+        out_dtype = as_dtype(dtype) or (torch.bool if name in _BOOL_RESULT else result_dtype(args, None))
+        out = wrap_torch_errors(f"nl.{name}", fn, *values)
+        record("scalar" if name in _SCALAR_ENGINE else "vector", name, tuple(out.shape), out_dtype)
+        return make_result(out, out_dtype, f"nl.{name}", mask)
+
+    op.__name__ = op.__qualname__ = name
+    op.torch_fn = fn
+    op.arity = arity
+    return op
+
+
+for _name, _fn in _UNARY.items():
+    globals()[_name] = _elementwise(_name, _fn, 1)
+for _name, _fn in _BINARY.items():
+    globals()[_name] = _elementwise(_name, _fn, 2)
+
+
+def where(condition, x, y, dtype=None, mask=None, **kwargs):
+    c = operand(condition, "nl.where condition")
+    xv, yv = compute(operand(x, "nl.where x")), compute(operand(y, "nl.where y"))
+    out = wrap_torch_errors("nl.where", lambda: torch.where(c.bool(), *_tensor_args([xv, yv])))
+    out_dtype = as_dtype(dtype) or result_dtype([x, y], None)
+    record("vector", "where", tuple(out.shape), out_dtype)
+    return make_result(out, out_dtype, "nl.where", mask)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+def _axes(axis, ndim, what):
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(a % ndim for a in axes)
+    if 0 in axes:
+        raise NKIError("reduce-partition", f"{what}: axis 0 is the partition dimension; reductions run along free "
+                       "dimensions (transpose the tile, or use a matmul with a ones vector)")
+    if sorted(axes) != list(range(ndim - len(axes), ndim)):
+        raise NKIError("reduce-axes", f"{what}: reduced axes {axes} must be the last contiguous free axes of a "
+                       f"{ndim}-D tile")
+    return axes
+
+
+def _reduction(name, fn, bool_result=False):
+    def op(x, axis, dtype=None, mask=None, keepdims=False, **kwargs):
+        values = compute(operand(x, f"nl.{name}"))
+        axes = _axes(axis, values.dim(), f"nl.{name}")
+        out = fn(values, axes, keepdims)
+        out_dtype = as_dtype(dtype) or (torch.bool if bool_result else x.dtype)
+        record("vector", name, tuple(values.shape), out_dtype)
+        return make_result(out, out_dtype, f"nl.{name}", mask)
+
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+sum = _reduction("sum", lambda v, a, k: torch.sum(v, dim=a, keepdim=k))
+prod = _reduction("prod", lambda v, a, k: torch.prod(v.flatten(a[0]), dim=a[0]).reshape(
+    [n if i not in a else 1 for i, n in enumerate(v.shape)] if k else v.shape[:a[0]]))
+mean = _reduction("mean", lambda v, a, k: torch.mean(v.float(), dim=a, keepdim=k))
+var = _reduction("var", lambda v, a, k: torch.var(v.float(), dim=a, keepdim=k, unbiased=False))
+max = _reduction("max", lambda v, a, k: torch.amax(v, dim=a, keepdim=k))
+min = _reduction("min", lambda v, a, k: torch.amin(v, dim=a, keepdim=k))
+all = _reduction("all", lambda v, a, k: torch.all(v.bool().flatten(a[0]), dim=a[0], keepdim=False).reshape(
+    [n if i not in a else 1 for i, n in enumerate(v.shape)] if k else v.shape[:a[0]]), bool_result=True)
+any = _reduction("any", lambda v, a, k: torch.any(v.bool().flatten(a[0]), dim=a[0], keepdim=False).reshape(
+    [n if i not in a else 1 for i, n in enumerate(v.shape)] if k else v.shape[:a[0]]), bool_result=True)
+sum.torch_fn, max.torch_fn, min.torch_fn = torch.sum, torch.amax, torch.amin
+
+
+def softmax(x, axis, dtype=None, compute_dtype=None, mask=None, **kwargs):
+    values = compute(operand(x, "nl.softmax"))
+    axes = _axes(axis, values.dim(), "nl.softmax")
+    shifted = values - torch.amax(values, dim=axes, keepdim=True)
+    e = torch.exp(shifted)
+    out = e / torch.sum(e, dim=axes, keepdim=True)
+    record("scalar", "softmax", tuple(values.shape), x.dtype, passes=4)
+    return make_result(out, as_dtype(dtype) or x.dtype, "nl.softmax", mask)
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, **kwargs):
+    """``x / sqrt(sum(x**2, axis) / n + epsilon) * w``."""
+    values = compute(operand(x, "nl.rms_norm x"))
+    weight = compute(operand(w, "nl.rms_norm w"))
+    axes = _axes(axis, values.dim(), "nl.rms_norm")
+    rms = torch.sqrt(torch.sum(values * values, dim=axes, keepdim=True) / n + epsilon)
+    out = wrap_torch_errors("nl.rms_norm", lambda: values / rms * weight)
+    record("scalar", "rms_norm", tuple(values.shape), x.dtype, passes=3)
+    return make_result(out, as_dtype(dtype) or x.dtype, "nl.rms_norm", mask)
+
+
+# -- Python operators on tiles ------------------------------------------------------------------
+def _bind_operators():
+    g = globals()
+    for dunder, name in {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide", "pow": "power",
+                         "mod": "mod", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+                         "lshift": "left_shift", "rshift": "right_shift"}.items():
+        fn = g[name]
+        setattr(NkiTensor, f"__{dunder}__", lambda self, other, fn=fn: fn(self, other))
+        setattr(NkiTensor, f"__r{dunder}__", lambda self, other, fn=fn: fn(other, self))
+    for dunder, name in {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
+                         "eq": "equal", "ne": "not_equal"}.items():
+        setattr(NkiTensor, f"__{dunder}__", lambda self, other, fn=g[name]: fn(self, other))
+    NkiTensor.__neg__ = lambda self: g["negative"](self)
+    NkiTensor.__abs__ = lambda self: g["abs"](self)
+    NkiTensor.__invert__ = lambda self: g["invert"](self)
+    NkiTensor.__hash__ = lambda self: id(self)
+
+
+_bind_operators()
