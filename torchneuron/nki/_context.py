@@ -1,14 +1,20 @@
 """The state of one kernel call: which pass is running, on which platform, and what is allocated.
 
-A call runs the kernel body twice. The *check* pass runs it on meta tensors: every rule is
-checked, output declarations and the cost model's counts are collected, and no data exists, so
-a broken kernel fails before anything is written. The *run* pass executes the same body on CPU
-tensors (host views of device memory when the call targets a neuron device).
+A call runs the kernel body twice. The *check* pass runs it on scratch host tensors filled with
+ones (the first call of each argument signature only; its plan is cached): every rule is
+checked and the output declarations and the cost model's counts are collected, so a broken
+kernel fails before any real data is written. The *run* pass executes the same body on the real
+data (host views of device memory when the call targets a neuron device). Kernel control flow
+cannot depend on tile data, so both passes take the same path. (Meta tensors would avoid the
+arithmetic, but most of their element-wise shape functions run in Python in PyTorch 2.13 and
+are slower than computing 128-partition tiles.)
 """
 
 import threading
 import weakref
 from dataclasses import dataclass, field
+
+import torch
 
 from torchneuron import _C
 from torchneuron.nki._errors import NKIError
@@ -45,7 +51,7 @@ class Platform:
 @dataclass
 class CallContext:
     platform: Platform
-    checking: bool                      # True: the check pass on meta tensors
+    checking: bool                      # True: the check pass on scratch tensors
     grid: tuple = ()
     program: tuple = ()
     outputs: list = field(default_factory=list)         # shared_hbm tensors, in allocation order
@@ -79,8 +85,8 @@ class CallContext:
             capacity = self.platform.sbuf_partition_bytes
             if self.sbuf_in_use + per_partition > capacity:
                 raise NKIError("sbuf-capacity", f"an SBUF tile of shape {tuple(shape)} needs {per_partition} bytes "
-                               f"per partition, but {self.sbuf_in_use} of the {capacity} bytes per partition of "
-                               f"{self.platform.target} are held by live tiles")
+                               f"per partition, but {self.sbuf_in_use} of the {capacity} bytes ({capacity // 1024} KiB) "
+                               f"per partition of {self.platform.target} are held by live tiles")
             self.sbuf_in_use += per_partition
             self.sbuf_peak = max(self.sbuf_peak, self.sbuf_in_use)
             weakref.finalize(owner, self._release_sbuf, per_partition)
@@ -113,3 +119,10 @@ class active:
 
     def __exit__(self, *exc):
         _local.ctx = self.prev
+
+
+def scratch(shape, dtype, stride=None):
+    """A check-pass stand-in for real data: ones, so integer division and logarithms stay defined."""
+    t = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype) if stride is not None else \
+        torch.empty(tuple(shape), dtype=dtype)
+    return t.fill_(1)

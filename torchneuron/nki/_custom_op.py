@@ -105,7 +105,7 @@ def nki_op(name: str, mutates_args=(), *, schema: str | None = None):
         @op.register_fake
         def fake(*args):
             with unset_fake_temporarily():
-                plan, _ = kernel.check(dict(zip(names, (_static(a) for a in args))))
+                plan, _ = kernel.check(dict(zip(names, args)))
             if returns_nothing:
                 return None
             device = next(a.device for a in args if isinstance(a, torch.Tensor))
@@ -116,14 +116,6 @@ def nki_op(name: str, mutates_args=(), *, schema: str | None = None):
         return op
 
     return decorator
-
-
-def _static(a):
-    """A meta stand-in for a fake tensor (kernels are traced at static shapes)."""
-    if isinstance(a, torch.Tensor):
-        return torch.empty_strided([int(n) for n in a.shape], [int(s) for s in a.stride()], dtype=a.dtype,
-                                   device="meta")
-    return a
 
 
 def _fake_returns(returns, outs, name):

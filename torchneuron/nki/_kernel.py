@@ -1,6 +1,6 @@
 """``nki.jit`` kernels: checking, launching on neuron tensors, and running on the host.
 
-Every call first runs the kernel's *check pass* on meta tensors (cached per argument signature):
+Every call first runs the kernel's *check pass* (see _context; cached per argument signature):
 all rules are enforced and the output declarations collected before any data moves. Then:
   - neuron tensors: outputs are allocated on the device and one task is enqueued on the current
     stream; the task runs the kernel on host views of the device buffers (asynchronous, like an
@@ -118,11 +118,11 @@ class Kernel:
                     return plan, None
             except TypeError:  # an unhashable argument: check every call
                 key = None
-        meta = {n: _meta(v) for n, v in tensors.items()}
+        stand_ins = {n: _stand_in(v) for n, v in tensors.items()}
         ctx = _context.CallContext(_context.Platform.named(target), checking=True, grid=self.grid)
         if cost:
             ctx.cost = CostRecorder(ctx.platform)
-        returns = self._run(arguments, ctx, meta)
+        returns = self._run(arguments, ctx, stand_ins)
         plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns, ctx.sbuf_peak, ctx.psum_peak)
         if key is not None:
             self._plans[key] = plan
@@ -181,10 +181,11 @@ class Kernel:
         return _restructure(plan.returns, outputs, tensors)
 
 
-def _meta(v):
+def _stand_in(v):
+    """Check-pass data for an argument: same shape, strides and dtype, never the caller's data."""
     if isinstance(v, np.ndarray):
-        v = torch.from_numpy(v) if v.dtype != object else v
-    return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+        v = torch.from_numpy(v)
+    return _context.scratch([int(n) for n in v.shape], v.dtype, [int(s) for s in v.stride()])
 
 
 def _filled(shape, dtype):

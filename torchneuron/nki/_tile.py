@@ -181,15 +181,20 @@ def _in_bounds(key, shape):
     return True
 
 
-def _to_arrays(key, shape):
-    """An all-advanced key (ints kept) equivalent to ``key``, for gathers and scatters."""
-    out = []
-    for k, n in zip(key, shape):
-        if isinstance(k, slice):
-            start = 0 if k.start is None else k.start
-            stop = n if k.stop is None else k.stop
-            k = np.arange(start, stop, k.step or 1)
-        out.append(k)
+def _to_arrays(key, shape, what):
+    """An all-advanced key equivalent to ``key`` (ints kept), for gathers and scatters."""
+    has_arrays = any(isinstance(k, np.ndarray) for k in key)
+    slices = [i for i, k in enumerate(key) if isinstance(k, slice)]
+    if has_arrays and slices:
+        raise NKIError("index", f"{what}: a subscript mixes slices with nl.arange index expressions in a way that "
+                       "is not a plain tile access; NKI does not mix basic and advanced indexing (use index "
+                       "expressions for every dimension)")
+    out = list(key)
+    for j, i in enumerate(slices):  # only slices: their outer product, as basic indexing would give
+        k, n = key[i], shape[i]
+        start = 0 if k.start is None else k.start
+        stop = n if k.stop is None else k.stop
+        out[i] = np.arange(start, stop, k.step or 1).reshape([-1 if b == j else 1 for b in range(len(slices))])
     return out
 
 
@@ -240,7 +245,7 @@ class NkiTensor:
         basic = _as_basic(key)
         if basic is not None and _in_bounds(basic, self.shape):
             return NkiTensor(self.data[basic], self.buffer, self.alloc)
-        arrays = _to_arrays(key, self.shape)
+        arrays = _to_arrays(key, self.shape, self.describe())
         try:
             shape = _shape_of(tuple(np.clip(a, 0, n - 1) if isinstance(a, np.ndarray) else a
                                     for a, n in zip(arrays, self.shape)), self.shape)
@@ -290,13 +295,18 @@ class NkiTensor:
             except RuntimeError:
                 raise NKIError("shape-mismatch", f"{what}: a value of shape {tuple(value.shape)} cannot be written "
                                f"to {self.describe()}") from None
-        if m is not None:
+        if m is not None and self.key is not None:  # scatter only the kept positions
+            keep = np.ascontiguousarray(m)
+            index = tuple(torch.from_numpy(np.broadcast_to(a, self.shape)[keep]) if isinstance(a, np.ndarray) else a
+                          for a in self.key)
+            if isinstance(value, torch.Tensor):
+                value = value[torch.from_numpy(keep)]
+            self.data[index] = value
+        elif m is not None:
             if not isinstance(value, torch.Tensor):
-                value = torch.full(self.shape, value, dtype=self.data.dtype, device=self.data.device)
-            keep = torch.from_numpy(np.ascontiguousarray(m)).to(self.data.device)
-            current = self.data if self.key is None else self.data[self._torch_key()]
-            value = torch.where(keep, value, current)
-        if self.key is None:
+                value = torch.full(self.shape, value, dtype=self.data.dtype)
+            self.data.copy_(torch.where(torch.from_numpy(np.ascontiguousarray(m)), value, self.data))
+        elif self.key is None:
             if isinstance(value, torch.Tensor):
                 self.data.copy_(value)
             else:
@@ -362,7 +372,6 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
             raise NKIError("partition-dim", f"a tile of shape {shape} in {buffer.name} has partition dimension "
                            f"{shape[0]}, but a tile has at most {ctx.platform.pmax} partitions")
         ctx.allocate(alloc, buffer.name, shape, dtype.itemsize)
-    device = "meta" if ctx.checking else "cpu"
     if data is None:
-        data = torch.empty(shape, dtype=dtype, device=device)
+        data = _context.scratch(shape, dtype) if ctx.checking else torch.empty(shape, dtype=dtype)
     return NkiTensor(data, buffer, alloc)

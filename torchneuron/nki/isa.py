@@ -216,6 +216,8 @@ def _scalar_operand(x, what, partitions):
 
 
 def _apply(fn, x, y, reverse):
+    if not isinstance(y, torch.Tensor):
+        y = torch.tensor(y, dtype=torch.float32)
     return fn(y, x) if reverse else fn(x, y)
 
 
@@ -265,7 +267,7 @@ def _reduce_regs(partitions):
     ctx = _context.current()
     regs = getattr(ctx, "reduce_regs", None)
     if regs is None or regs.shape[0] != partitions:
-        regs = torch.zeros(partitions, 1, device="meta" if ctx.checking else "cpu")
+        regs = torch.zeros(partitions, 1)
         ctx.reduce_regs = regs
     return regs
 

@@ -289,7 +289,7 @@ def _elementwise(name, fn, arity):
         if not builtins.any(isinstance(v, torch.Tensor) for v in values):
             raise NKIError("operand", f"nl.{name} needs at least one tile operand")
         out_dtype = as_dtype(dtype) or (torch.bool if name in _BOOL_RESULT else result_dtype(args, None))
-        out = wrap_torch_errors(f"nl.{name}", fn, *values)
+        out = wrap_torch_errors(f"nl.{name}", fn, *_tensor_args(values))
         record("scalar" if name in _SCALAR_ENGINE else "vector", name, tuple(out.shape), out_dtype)
         return make_result(out, out_dtype, f"nl.{name}", mask)
 

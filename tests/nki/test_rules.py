@@ -1,0 +1,186 @@
+"""Every hardware and language rule raises NKIError naming the rule and the kernel line; nothing is written."""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+
+
+def kernel_of(body):
+    """A kernel ``k(a, b)`` running ``body(a, b, out)``, returning a [128, 512] output."""
+    def k(a, b):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        body(a, b, out)
+        return out
+    return nki.jit(k)
+
+
+def p_too_big(a, b, out):
+    nl.load(a[0:256, 0:64])
+
+
+def stationary_too_big(a, b, out):
+    x = nl.load(a[0:128, 0:256])
+    nl.matmul(x, nl.load(b[0:128, 0:64]), transpose_x=True)
+
+
+def moving_too_big(a, b, out):
+    y = nl.ndarray((128, 1024), nl.float32)
+    y[...] = 0
+    nl.matmul(nl.load(a[0:128, 0:128]), y, transpose_x=True)
+
+
+def contraction_mismatch(a, b, out):
+    nl.matmul(nl.load(a[0:128, 0:128]), nl.load(b[0:64, 0:64]), transpose_x=True)
+
+
+def psum_bank(a, b, out):
+    nl.zeros((128, 1024), nl.float32, buffer=nl.psum)
+
+
+def psum_banks_exhausted(a, b, out):
+    tiles = [nl.zeros((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]
+
+
+def sbuf_capacity(a, b, out):
+    tiles = [nl.ndarray((128, 16384), nl.float32) for _ in range(4)]  # 4 x 64 KiB per partition
+
+
+def load_from_sbuf(a, b, out):
+    t = nl.load(a[0:128, 0:64])
+    nl.load(t)
+
+
+def compute_on_hbm(a, b, out):
+    nl.exp(a)
+
+
+def store_psum(a, b, out):
+    nl.store(out[:, 0:64], value=nl.zeros((128, 64), nl.float32, buffer=nl.psum))
+
+
+def write_input(a, b, out):
+    nl.store(a[0:128, 0:64], value=nl.load(b[0:128, 0:64]))
+
+
+def undefined_tile(a, b, out):
+    t = nl.ndarray((128, 64), nl.float32)
+    nl.store(out[:, 0:64], value=t)
+
+
+def shape_mismatch(a, b, out):
+    nl.store(out[:, 0:256], value=nl.load(a[0:128, 0:64]))
+
+
+def loop_bound_not_constant(a, b, out):
+    for i in nl.affine_range(2.5):
+        pass
+
+
+def data_dependent_branch(a, b, out):
+    if nl.load(a[0:128, 0:1]) > 0:
+        pass
+
+
+def reduce_partition_axis(a, b, out):
+    nl.sum(nl.load(a[0:128, 0:64]), axis=0)
+
+
+def out_of_bounds(a, b, out):
+    nl.load(a[nl.arange(128)[:, None] + 200, nl.arange(64)[None, :]])
+
+
+def dma_to_psum(a, b, out):
+    p = nl.ndarray((128, 64), nl.float32, buffer=nl.psum)
+    nisa.dma_copy(dst=p, src=a[0:128, 0:64])
+
+
+def matmul_dst_in_sbuf(a, b, out):
+    s = nl.ndarray((128, 64), nl.float32)
+    nisa.nc_matmul(s, nl.load(a[0:128, 0:128]), nl.load(b[0:128, 0:64]))
+
+
+CASES = {
+    "partition-dim": p_too_big, "matmul-stationary-fmax": stationary_too_big,
+    "matmul-moving-fmax": moving_too_big, "matmul-contraction": contraction_mismatch, "psum-bank": psum_bank,
+    "psum-capacity": psum_banks_exhausted, "sbuf-capacity": sbuf_capacity, "load-from-hbm": load_from_sbuf,
+    "compute-on-chip": compute_on_hbm, "store-from-psum": store_psum, "immutable-input": write_input,
+    "undefined-tile": undefined_tile, "shape-mismatch": shape_mismatch, "loop-bounds": loop_bound_not_constant,
+    "data-dependent-control-flow": data_dependent_branch, "reduce-partition": reduce_partition_axis,
+    "out-of-bounds": out_of_bounds, "dma-psum": dma_to_psum, "matmul-dst-in-psum": matmul_dst_in_sbuf,
+}
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+@pytest.mark.parametrize("where", ["simulator", "neuron"])
+def test_rule_violation_names_rule_and_line_and_writes_nothing(rule, where):
+    body = CASES[rule]
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    if where == "neuron":
+        a, b = a.to("neuron"), b.to("neuron")
+    a_before = a.cpu().clone()
+    with pytest.raises(nki.NKIError) as info:
+        kernel_of(body)(a, b)
+    err = info.value
+    assert err.rule == rule
+    lines, start = inspect.getsourcelines(body)
+    filename, lineno, text = err.line
+    assert filename == __file__ and start < lineno < start + len(lines), str(err)
+    assert f"{__file__}:{lineno}" in str(err) and text in str(err)
+    torch.testing.assert_close(a.cpu(), a_before)
+    if where == "neuron":  # the device and its stream stay usable
+        torch.testing.assert_close((a + 1).cpu(), a_before + 1)
+
+
+def test_sbuf_capacity_follows_the_platform_target():
+    @nki.jit
+    def kernel(a):
+        t = nl.ndarray((128, 60 * 1024), nl.float32)   # 240 KiB per partition: over trn2's 224, under trn3's 256
+        t[...] = 0
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=t[:, 0:8])
+        return out
+
+    a = np.zeros((128, 8), np.float32)
+    with pytest.raises(nki.NKIError, match="sbuf-capacity.*224 KiB"):
+        nki.estimate(kernel, a, target="trn2")
+    assert nki.estimate(kernel, a, target="trn3").estimated_seconds > 0
+
+
+def test_mutable_inputs_must_be_declared_and_then_are_written():
+    def double(x):
+        nl.store(x, value=nl.load(x) * 2)
+
+    x = np.ones((4, 4), np.float32)
+    with pytest.raises(nki.NKIError, match="immutable-input"):
+        nki.simulate(nki.jit(double))(x)
+    np.testing.assert_array_equal(x, 1)
+    nki.simulate(nki.jit(double, mutates_args=("x",)))(x)
+    np.testing.assert_array_equal(x, 2)
+    t = torch.ones(4, 4, device="neuron")
+    nki.jit(double, mutates_args=("x",))(t)
+    torch.testing.assert_close(t.cpu(), torch.full((4, 4), 2.0))
+    with pytest.raises(ValueError, match="not parameters"):
+        nki.jit(double, mutates_args=("y",))
+
+
+def test_argument_errors():
+    @nki.jit
+    def kernel(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(a) + nl.load(b))
+        return out
+
+    with pytest.raises(TypeError, match="kernel: missing a required argument"):
+        kernel(np.zeros((2, 2), np.float32))
+    with pytest.raises(RuntimeError, match="one device.*a on neuron:0, b on cpu"):
+        kernel(torch.zeros(2, 2, device="neuron"), torch.zeros(2, 2))
+    with pytest.raises(nki.NKIError, match="shape-mismatch|operands"):
+        kernel(np.zeros((128, 4), np.float32), np.zeros((128, 8), np.float32))
+    with pytest.raises(nki.NKIError, match="kernel-return"):
+        nki.simulate(lambda a: nl.load(a))(np.zeros((2, 2), np.float32))
