@@ -106,13 +106,14 @@ class Kernel:
 
     def check(self, arguments, target=None, cost=False):
         """The check pass: a Plan (and a CostRecorder when ``cost``), raising NKIError on any violation."""
-        tensors = {n: v for n, v in arguments.items() if _is_array(v)}
+        tensors = {n: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                   for n, v in arguments.items() if _is_array(v)}
         key = None
         if not cost:
             try:
                 key = (self.grid, target, tuple(
-                    (n, tuple(v.shape), tuple(v.stride()) if isinstance(v, torch.Tensor) else v.strides, str(v.dtype))
-                    if n in tensors else (n, v) for n, v in arguments.items()))
+                    (n, tuple(v.shape), tuple(v.stride()), v.dtype)
+                    if isinstance(v, torch.Tensor) else (n, v) for n, v in {**arguments, **tensors}.items()))
                 plan = self._plans.get(key)
                 if plan is not None:
                     return plan, None

@@ -68,7 +68,7 @@ def make_result(values, dtype, what, mask=None, buffer=sbuf):
     shape = tuple(values.shape)
     check_partitions(shape, what)
     if mask is not None:
-        keep = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(mask.values if isinstance(mask, IndexExpr)
+        keep = torch.from_numpy(np.array(np.broadcast_to(mask.values if isinstance(mask, IndexExpr)
                                                                       else mask, shape))).to(values.device)
         values = torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
     values = values.to(dtype)

@@ -279,7 +279,7 @@ class NkiTensor:
         m = self._mask(mask)
         value = self.data if self.key is None else self.data[self._torch_key()]
         if m is not None:
-            value = torch.where(torch.from_numpy(np.ascontiguousarray(m)).to(value.device), value,
+            value = torch.where(torch.from_numpy(np.array(m)).to(value.device), value,
                                 torch.zeros((), dtype=value.dtype, device=value.device))
         return value
 
@@ -296,7 +296,7 @@ class NkiTensor:
                 raise NKIError("shape-mismatch", f"{what}: a value of shape {tuple(value.shape)} cannot be written "
                                f"to {self.describe()}") from None
         if m is not None and self.key is not None:  # scatter only the kept positions
-            keep = np.ascontiguousarray(m)
+            keep = np.array(m)
             index = tuple(torch.from_numpy(np.broadcast_to(a, self.shape)[keep]) if isinstance(a, np.ndarray) else a
                           for a in self.key)
             if isinstance(value, torch.Tensor):
@@ -305,7 +305,7 @@ class NkiTensor:
         elif m is not None:
             if not isinstance(value, torch.Tensor):
                 value = torch.full(self.shape, value, dtype=self.data.dtype)
-            self.data.copy_(torch.where(torch.from_numpy(np.ascontiguousarray(m)), value, self.data))
+            self.data.copy_(torch.where(torch.from_numpy(np.array(m)), value, self.data))
         elif self.key is None:
             if isinstance(value, torch.Tensor):
                 self.data.copy_(value)
@@ -340,6 +340,31 @@ class NkiTensor:
 
     def __itruediv__(self, other):
         return _inplace(self, other, "divide")
+
+    itemsize = property(lambda self: self.data.element_size())
+
+    def reshape(self, shape):
+        """A view with another shape (same elements, same memory), as NKI's ``tensor.reshape``."""
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if self.key is not None:
+            raise NKIError("reshape", f"{self.describe()}: an indexed access cannot be reshaped; reshape the tensor")
+        try:
+            return NkiTensor(self.data.view(shape), self.buffer, self.alloc)
+        except RuntimeError as e:
+            raise NKIError("reshape", f"cannot reshape {self.describe()} to {shape}: {e}") from None
+
+    def expand_dims(self, axis):
+        shape = list(self.shape)
+        shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, 1)
+        return self.reshape(shape)
+
+    def astype(self, dtype):
+        from torchneuron.nki import language
+        return language.copy(self, dtype=dtype)
+
+    def broadcast_to(self, shape):
+        from torchneuron.nki import language
+        return language.broadcast_to(self, shape=shape)
 
     @property
     def T(self):
