@@ -52,6 +52,7 @@ class Platform:
 class CallContext:
     platform: Platform
     checking: bool                      # True: the check pass on scratch tensors
+    trial: bool = False                 # True: a batching trial on scratch tensors (see _kernel)
     grid: tuple = ()
     program: tuple = ()
     outputs: list = field(default_factory=list)         # shared_hbm tensors, in allocation order
@@ -62,6 +63,24 @@ class CallContext:
     psum_in_use: int = 0                # banks held by live PSUM tiles
     sbuf_peak: int = 0
     psum_peak: int = 0
+    # batched execution (see _batch): the loops running batched, outermost first
+    batching: bool = False
+    unbatchable: set = field(default_factory=set)   # loop sites that run sequentially
+    frame: tuple = ()                               # ids of the active batched loops
+    loop_sizes: dict = field(default_factory=dict)  # loop id -> iterations
+    loop_sites: dict = field(default_factory=dict)  # loop id -> site
+
+    def push_loop(self, site, n: int) -> int:
+        loop = len(self.loop_sizes)
+        self.loop_sizes[loop], self.loop_sites[loop] = n, site
+        self.frame = self.frame + (loop,)
+        return loop
+
+    def pop_loop(self, loop: int) -> None:
+        self.frame = tuple(f for f in self.frame if f != loop)
+
+    def frame_shape(self) -> list:
+        return [self.loop_sizes[loop] for loop in self.frame]
 
     def allocate(self, owner, buffer_name: str, shape, itemsize: int) -> None:
         """Accounts a new on-chip tile until ``owner`` is garbage; raises when the buffer is full."""
@@ -121,8 +140,16 @@ class active:
         _local.ctx = self.prev
 
 
+_scratch_generator = torch.Generator().manual_seed(0)
+
+
 def scratch(shape, dtype, stride=None):
-    """A check-pass stand-in for real data: ones, so integer division and logarithms stay defined."""
+    """Check-pass stand-in data: random floats (so batched and sequential runs can be compared),
+    integers 1 (so integer division stays defined)."""
     t = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype) if stride is not None else \
         torch.empty(tuple(shape), dtype=dtype)
+    if dtype.is_floating_point and dtype.itemsize > 1:
+        return t.normal_(generator=_scratch_generator)
+    if dtype.is_floating_point:  # float8: no random kernel
+        return t.copy_(torch.randn(t.shape, generator=_scratch_generator))
     return t.fill_(1)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
+from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._cost import CostRecorder
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import Allocation, NkiTensor, hbm, shared_hbm
@@ -33,6 +34,8 @@ class Plan:
     returns: object        # the return structure: ("out", i), ("in", name), None, or a tuple/list of these
     sbuf_peak: int
     psum_peak: int
+    unbatchable: frozenset | None = None  # loop sites run one iteration at a time; None: batch nothing
+    batching_note: str = ""                # why loops run sequentially (for users and tests)
 
 
 def _is_array(x):
@@ -83,9 +86,18 @@ class Kernel:
         inputs = {id(w.alloc): name for name, w in wrapped.items() if name in tensors}
         result = None
         with _context.active(ctx):
-            for program in itertools.product(*(range(g) for g in self.grid)) if self.grid else [()]:
-                ctx.program, ctx.cursor = program, 0
-                result = self.fn(**wrapped)
+            if ctx.batching and self.grid and "grid" not in ctx.unbatchable:
+                loops = [ctx.push_loop("grid", g) for g in self.grid]  # every program at once
+                ctx.program, ctx.cursor = tuple(Affine(0, {loop: 1}) for loop in loops), 0
+                try:
+                    result = self.fn(**wrapped)
+                finally:
+                    for loop in loops:
+                        ctx.pop_loop(loop)
+            else:
+                for program in itertools.product(*(range(g) for g in self.grid)) if self.grid else [()]:
+                    ctx.program, ctx.cursor = program, 0
+                    result = self.fn(**wrapped)
         return self._structure(result, ctx, inputs)
 
     def _structure(self, value, ctx, inputs):
@@ -120,18 +132,53 @@ class Kernel:
             except TypeError:  # an unhashable argument: check every call
                 key = None
         stand_ins = {n: _stand_in(v) for n, v in tensors.items()}
+        pristine = {n: v.clone() for n, v in stand_ins.items()}
         ctx = _context.CallContext(_context.Platform.named(target), checking=True, grid=self.grid)
         if cost:
             ctx.cost = CostRecorder(ctx.platform)
         returns = self._run(arguments, ctx, stand_ins)
         plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns, ctx.sbuf_peak, ctx.psum_peak)
+        if not cost:
+            expected = [t.data for t in ctx.outputs] + [stand_ins[n] for n in self.mutates_args if n in stand_ins]
+            plan.unbatchable, plan.batching_note = self._choose_batching(arguments, pristine, plan, expected)
         if key is not None:
             self._plans[key] = plan
         return plan, ctx.cost
 
+    def _choose_batching(self, arguments, pristine, plan, expected):
+        """Which affine_range loops (and grid) run batched: trial runs on the check pass's data,
+        dropping the loops that cannot be batched, until one runs and matches the sequential result."""
+        if not _batching_enabled():
+            return None, "batching disabled (TORCHNEURON_NKI_BATCH=0)"
+        unbatchable = set()
+        for _ in range(32):
+            inputs = {n: v.clone() for n, v in pristine.items()}
+            outputs = [_context.scratch(shape, dtype) for shape, dtype in plan.outputs]
+            ctx = _context.CallContext(_context.Platform.named(), checking=False, grid=self.grid,
+                                       batching=True, trial=True, unbatchable=set(unbatchable))
+            ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(outputs)]
+            ctx.preset_outputs = outputs
+            try:
+                self._run({**arguments, **inputs}, ctx, inputs)
+            except Unbatchable as e:
+                sites = {ctx.loop_sites.get(loop) for loop in e.loops}
+                if not sites or None in sites or sites <= unbatchable:
+                    return None, f"not batched: {e}"
+                unbatchable |= sites
+                continue
+            except Exception as e:  # the sequential pass passed: batching must not change that
+                return None, f"not batched: the batched trial failed ({type(e).__name__}: {e})"
+            got = outputs + [inputs[n] for n in self.mutates_args if n in inputs]
+            if all(_agree(a, b) for a, b in zip(expected, got)):
+                return frozenset(unbatchable), "" if not unbatchable else \
+                    f"{len(unbatchable)} loop(s) run sequentially"
+            return None, "not batched: the batched trial did not reproduce the sequential results"
+        return None, "not batched: too many loops could not be batched"
+
     def execute(self, arguments, plan, host_tensors, output_buffers):
         """The run pass on host tensors; ``output_buffers`` receive the declared shared_hbm tensors."""
-        ctx = _context.CallContext(_context.Platform.named(), checking=False, grid=self.grid)
+        ctx = _context.CallContext(_context.Platform.named(), checking=False, grid=self.grid,
+                                   batching=plan.unbatchable is not None, unbatchable=set(plan.unbatchable or ()))
         ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(output_buffers)]
         ctx.preset_outputs = output_buffers
         self._run(arguments, ctx, host_tensors)
@@ -187,6 +234,22 @@ def _stand_in(v):
     if isinstance(v, np.ndarray):
         v = torch.from_numpy(v)
     return _context.scratch([int(n) for n in v.shape], v.dtype, [int(s) for s in v.stride()])
+
+
+def _batching_enabled():
+    import os
+    return os.environ.get("TORCHNEURON_NKI_BATCH", "1") != "0"
+
+
+def _agree(expected, got):
+    """Batched and sequential results agree up to the reordering of floating-point sums."""
+    if not expected.is_floating_point():
+        return torch.equal(expected, got)
+    tol = {torch.float32: 1e-4, torch.float64: 1e-9}.get(expected.dtype, 5e-2)
+    e, g = expected.double(), got.double()
+    finite = e[torch.isfinite(e)]
+    scale = finite.abs().max().item() if finite.numel() else 1.0
+    return torch.allclose(g, e, rtol=tol, atol=tol * max(scale, 1.0), equal_nan=True)
 
 
 def _filled(shape, dtype):

@@ -63,9 +63,37 @@ def check_partitions(shape, what):
                        f"(result shape {tuple(shape)})")
 
 
+def lead():
+    """How many leading (batch) dims values have in the current loop frame."""
+    return len(_context.current().frame)
+
+
+def tile_shape(values):
+    return tuple(values.shape[lead():])
+
+
+def frame_constant(values):
+    """A tile-shaped tensor that is the same in every iteration, aligned to the loop frame."""
+    return values.reshape([1] * lead() + list(values.shape))
+
+
+def accumulate_over(values, tile):
+    """``values`` summed over the batched loops ``tile`` does not have (what accumulating every
+    iteration into ``tile`` adds up to; a value the same in every iteration counts n times)."""
+    ctx = _context.current()
+    for i, loop in enumerate(ctx.frame):
+        if loop not in tile.batch:
+            if values.shape[i] != 1:
+                values = values.sum(dim=i, keepdim=True)
+            else:
+                values = values * ctx.loop_sizes[loop]
+    return values
+
+
 def make_result(values, dtype, what, mask=None, buffer=sbuf):
-    """A new tile holding ``values`` cast to ``dtype`` (elements outside ``mask`` are zero)."""
-    shape = tuple(values.shape)
+    """A new tile holding ``values`` (aligned to the loop frame) cast to ``dtype``; elements outside
+    ``mask`` are zero."""
+    shape = tile_shape(values)
     check_partitions(shape, what)
     if mask is not None:
         keep = torch.from_numpy(np.array(np.broadcast_to(mask.values if isinstance(mask, IndexExpr)
@@ -97,11 +125,12 @@ def dst_write(dst, values, what, mask=None):
         raise NKIError("operand", f"{what}: dst must be a tile, got {type(dst).__name__}")
     dst._check_on_chip(what)
     end_accumulation(dst)
-    if isinstance(values, torch.Tensor) and tuple(values.shape) != dst.shape:
-        if values.numel() != int(np.prod(dst.shape)):
-            raise NKIError("shape-mismatch", f"{what}: the result has shape {tuple(values.shape)} but dst is "
+    if isinstance(values, torch.Tensor) and tile_shape(values) != dst.shape:
+        n = lead()
+        if int(np.prod(values.shape[n:])) != int(np.prod(dst.shape)):
+            raise NKIError("shape-mismatch", f"{what}: the result has shape {tile_shape(values)} but dst is "
                            f"{dst.describe()}")
-        values = values.reshape(dst.shape)
+        values = values.reshape(list(values.shape[:n]) + list(dst.shape))
     dst.write(values, mask=mask, what=what)
 
 

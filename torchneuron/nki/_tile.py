@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
+from torchneuron.nki._batch import Affine, Unbatchable, simplify
 from torchneuron.nki._errors import NKIError, kernel_position
 
 
@@ -32,11 +33,12 @@ private_hbm = Buffer("private_hbm", False)
 class Allocation:
     """What all views of one tensor share: its name, where it was made, whether it holds data."""
 
-    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "__weakref__")
+    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "viewed", "__weakref__")
 
     def __init__(self, name, written=False, is_input=False, mutable=False):
         self.name, self.written, self.is_input, self.mutable = name, written, is_input, mutable
         self.groups = None  # PSUM regions in an open matmul accumulation group (see nisa.nc_matmul)
+        self.viewed = False  # a view of the tile exists (its batch dims can no longer grow)
         self.line = None if is_input else kernel_position()
 
     def describe(self):
@@ -46,20 +48,29 @@ class Allocation:
 
 
 class IndexExpr:
-    """An integer (or, after a comparison, boolean) array of indices built from ``nl.arange``."""
+    """Integer (or, after a comparison, boolean) indices built from ``nl.arange``: a NumPy array plus
+    an offset that is an int or, in a batched loop, an ``Affine`` loop-dependent value."""
 
-    __slots__ = ("values",)
+    __slots__ = ("values", "offset")
     __array_priority__ = 100
 
-    def __init__(self, values):
+    def __init__(self, values, offset=0):
         self.values = np.asarray(values)
+        self.offset = offset
 
     @property
     def shape(self):
         return self.values.shape
 
+    def concrete(self):
+        """The indices as an array (a loop-dependent offset cannot be one)."""
+        if isinstance(self.offset, Affine):
+            raise Unbatchable(self.offset.coeffs, "an index expression that moves with a batched loop is used "
+                              "as a mask or an array")
+        return self.values + self.offset if self.offset else self.values
+
     def __getitem__(self, key):
-        return IndexExpr(self.values[key])
+        return IndexExpr(self.values[key], self.offset)
 
     def __repr__(self):
         return f"IndexExpr(shape={self.values.shape})"
@@ -67,28 +78,52 @@ class IndexExpr:
     def __bool__(self):
         raise NKIError("index-expression", "an index expression has no truth value; use it as a mask= argument")
 
+    def __add__(self, other):
+        if isinstance(other, IndexExpr):
+            return IndexExpr(self.values + other.values, simplify(Affine.of(self.offset) + other.offset))
+        if isinstance(other, Affine):
+            return IndexExpr(self.values, simplify(Affine.of(self.offset) + other))
+        return IndexExpr(self.values + other, self.offset)
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return IndexExpr(-self.values, simplify(-Affine.of(self.offset)))
+
+    def __sub__(self, other):
+        return self + (-other)
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __mul__(self, other):
+        if isinstance(other, int):
+            return IndexExpr(self.values * other, simplify(Affine.of(self.offset) * other))
+        return IndexExpr(self.concrete() * _values(other))
+
+    __rmul__ = __mul__
+
 
 def _values(x):
-    return x.values if isinstance(x, IndexExpr) else x
+    return x.concrete() if isinstance(x, IndexExpr) else x
 
 
 def _index_op(fn):
-    return lambda self, other: IndexExpr(fn(self.values, _values(other)))
+    return lambda self, other: IndexExpr(fn(self.concrete(), _values(other)))
 
 
 def _rindex_op(fn):
-    return lambda self, other: IndexExpr(fn(_values(other), self.values))
+    return lambda self, other: IndexExpr(fn(_values(other), self.concrete()))
 
 
-for _name, _fn in {"add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide,
-                   "mod": np.mod, "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.items():
+for _name, _fn in {"floordiv": np.floor_divide, "mod": np.mod, "and": np.logical_and, "or": np.logical_or,
+                   "xor": np.logical_xor}.items():
     setattr(IndexExpr, f"__{_name}__", _index_op(_fn))
     setattr(IndexExpr, f"__r{_name}__", _rindex_op(_fn))
 for _name, _fn in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
                    "eq": np.equal, "ne": np.not_equal}.items():
     setattr(IndexExpr, f"__{_name}__", _index_op(_fn))
-IndexExpr.__neg__ = lambda self: IndexExpr(-self.values)
-IndexExpr.__invert__ = lambda self: IndexExpr(~self.values.astype(bool))
+IndexExpr.__invert__ = lambda self: IndexExpr(~self.concrete().astype(bool))
 IndexExpr.__hash__ = object.__hash__
 
 
@@ -98,7 +133,7 @@ class ds:
     __slots__ = ("start", "size")
 
     def __init__(self, start, size):
-        self.start, self.size = int(start), int(size)
+        self.start, self.size = (start if isinstance(start, Affine) else int(start)), int(size)
 
 
 def _normalise(key, ndim, what):
@@ -117,9 +152,11 @@ def _normalise(key, ndim, what):
         elif isinstance(k, IndexExpr):
             if k.values.dtype == bool:
                 raise NKIError("index", f"{what} is indexed with a boolean expression; pass it as mask= instead")
-            k = k.values
+            k = _Shifted(k.values, k.offset) if isinstance(k.offset, Affine) else k.concrete()
         elif isinstance(k, (int, np.integer)):
             k = int(k)
+        elif isinstance(k, Affine):
+            pass
         elif isinstance(k, slice):
             pass
         elif isinstance(k, NkiTensor):
@@ -129,6 +166,15 @@ def _normalise(key, ndim, what):
             raise NKIError("index", f"{what} cannot be indexed with {type(k).__name__}")
         out.append(k)
     return tuple(out)
+
+
+class _Shifted:
+    """Index values plus a loop-dependent offset (only usable where it becomes a slice)."""
+
+    __slots__ = ("values", "offset")
+
+    def __init__(self, values, offset):
+        self.values, self.offset = values, offset
 
 
 def _line_slice(arr, axis, n_axes):
@@ -152,27 +198,103 @@ def _line_slice(arr, axis, n_axes):
 
 def _as_basic(key):
     """The key with every array index turned into a slice, or None if some cannot be."""
-    arrays = [i for i, k in enumerate(key) if isinstance(k, np.ndarray)]
+    arrays = [i for i, k in enumerate(key) if isinstance(k, (np.ndarray, _Shifted))]
     if not arrays:
         return key
     if arrays != list(range(arrays[0], arrays[-1] + 1)):
         return None
     out = list(key)
     for j, i in enumerate(arrays):
-        s = _line_slice(key[i], j, len(arrays))
+        k = key[i]
+        s = _line_slice(k.values if isinstance(k, _Shifted) else k, j, len(arrays))
         if s is None:
             return None
+        if isinstance(k, _Shifted):
+            s = slice(k.offset + s.start, k.offset + s.stop)
         out[i] = s
     return tuple(out)
 
 
+def _affine_loops(key):
+    loops = set()
+    for k in key:
+        for part in ((k.start, k.stop) if isinstance(k, slice) else (k.offset,) if isinstance(k, _Shifted) else (k,)):
+            if isinstance(part, Affine):
+                loops |= part.coeffs.keys()
+    return loops
+
+
+def _basic_view(t, key):
+    """``t[key]`` for ints, slices and loop-dependent (Affine) offsets, as a strided view with a
+    batch dimension per loop; None if the access reaches outside ``t``."""
+    ctx = _context.current()
+    nb = len(t.batch)
+    sizes, strides = t.data.shape, t.data.stride()
+    offset = t.data.storage_offset()
+    batch_strides = dict(zip(t.batch, strides[:nb]))
+    batch_sizes = dict(zip(t.batch, sizes[:nb]))
+    tile_sizes, tile_strides = [], []
+    for d, k in enumerate(key):
+        n, stride = sizes[nb + d], strides[nb + d]
+        if isinstance(k, slice):
+            step = 1 if k.step is None else k.step
+            start = 0 if k.start is None else k.start
+            stop = n if k.stop is None else k.stop
+            if isinstance(start, int) and isinstance(stop, int):
+                if not (-n <= start <= n and -n <= stop <= n) or step <= 0:
+                    return None
+                start, stop, _ = slice(start, stop).indices(n)
+            length = simplify(Affine.of(stop) - start)
+            if isinstance(length, Affine):
+                raise Unbatchable(length.coeffs, "a slice whose length moves with a batched loop")
+            count = max(0, -(-length // step))
+            low, high = Affine.of(start).bounds(ctx.loop_sizes)
+            if count and (low < 0 or high + (count - 1) * step >= n):
+                return None
+            tile_sizes.append(count)
+            tile_strides.append(step * stride)
+            k = start
+        else:
+            if isinstance(k, int) and -n <= k < 0:
+                k += n
+            low, high = Affine.of(k).bounds(ctx.loop_sizes)
+            if low < 0 or high >= n:
+                return None
+        k = Affine.of(k)
+        offset += k.const * stride
+        for loop, c in k.coeffs.items():
+            batch_strides[loop] = batch_strides.get(loop, 0) + c * stride
+            batch_sizes.setdefault(loop, ctx.loop_sizes[loop])
+    loops = sorted(batch_strides)
+    data = t.data.as_strided([batch_sizes[b] for b in loops] + tile_sizes,
+                             [batch_strides[b] for b in loops] + tile_strides, offset)
+    return NkiTensor(data, t.buffer, t.alloc, batch=tuple(loops))
+
+
+def align(data, batch, frame):
+    """``data`` (leading dims: ``batch`` loops) seen from ``frame``: one leading dim per active loop
+    (size 1 where it does not vary); loops that have ended contribute their last iteration."""
+    if batch == frame:
+        return data
+    if any(b not in frame for b in batch):
+        data = data[tuple(slice(None) if b in frame else -1 for b in batch)]
+        batch = tuple(b for b in batch if b in frame)
+    nb = len(batch)
+    shape = [data.shape[batch.index(f)] if f in batch else 1 for f in frame] + list(data.shape[nb:])
+    return data.reshape(shape)
+
+
 def _in_bounds(key, shape):
     for k, n in zip(key, shape):
+        if isinstance(k, (Affine, _Shifted)):
+            return False
         if isinstance(k, int):
             if not -n <= k < n:
                 return False
         elif isinstance(k, slice):
             start, stop, step = k.start, k.stop, k.step
+            if isinstance(start, Affine) or isinstance(stop, Affine):
+                return False
             if (step is not None and step <= 0) or (start is not None and not 0 <= start <= n) or \
                     (stop is not None and not 0 <= stop <= n):
                 return False
@@ -207,11 +329,11 @@ def _shape_of(key, shape):
 class NkiTensor:
     """A tensor in HBM or a tile in SBUF/PSUM, or a view of one (see the module docstring)."""
 
-    __slots__ = ("data", "buffer", "alloc", "key", "shape", "__weakref__")
+    __slots__ = ("data", "buffer", "alloc", "key", "shape", "batch", "__weakref__")
 
-    def __init__(self, data: torch.Tensor, buffer: Buffer, alloc: Allocation, key=None, shape=None):
-        self.data, self.buffer, self.alloc, self.key = data, buffer, alloc, key
-        self.shape = tuple(data.shape) if key is None else shape
+    def __init__(self, data: torch.Tensor, buffer: Buffer, alloc: Allocation, key=None, shape=None, batch=()):
+        self.data, self.buffer, self.alloc, self.key, self.batch = data, buffer, alloc, key, batch
+        self.shape = tuple(data.shape[len(batch):]) if key is None else shape
 
     dtype = property(lambda self: self.data.dtype)
     ndim = property(lambda self: len(self.shape))
@@ -238,13 +360,22 @@ class NkiTensor:
     def __getitem__(self, key):
         if self.key is not None:
             raise NKIError("index", f"{self.describe()} is already an indexed access; index the tensor once")
-        if type(key) is tuple and all(type(k) is slice or type(k) is int for k in key) and len(key) <= self.ndim \
-                and _in_bounds(key, self.shape):
+        if not self.alloc.viewed and self.batch:  # views fix the layout: give the tile all its batch dims
+            sizes = _context.current().loop_sizes
+            self._resize([sizes[b] for b in self.batch])
+        self.alloc.viewed = True
+        if not self.batch and type(key) is tuple and all(type(k) is slice or type(k) is int for k in key) \
+                and len(key) <= self.ndim and _in_bounds(key, self.shape):
             return NkiTensor(self.data[key], self.buffer, self.alloc)  # the common case, kept fast
         key = _normalise(key, self.ndim, self.describe())
         basic = _as_basic(key)
-        if basic is not None and _in_bounds(basic, self.shape):
-            return NkiTensor(self.data[basic], self.buffer, self.alloc)
+        if basic is not None:
+            view = _basic_view(self, basic)
+            if view is not None:
+                return view
+        loops = _affine_loops(key) | set(self.batch)
+        if loops:
+            raise Unbatchable(loops, "a gather, or an access reaching outside a tensor, in a batched loop")
         arrays = _to_arrays(key, self.shape, self.describe())
         try:
             shape = _shape_of(tuple(np.clip(a, 0, n - 1) if isinstance(a, np.ndarray) else a
@@ -278,45 +409,87 @@ class NkiTensor:
             raise NKIError("undefined-tile", f"{what}: {self.describe()} is read before anything was written to it")
         m = self._mask(mask)
         value = self.data if self.key is None else self.data[self._torch_key()]
+        frame = _context.current().frame
+        if self.batch or frame:
+            value = align(value, self.batch, frame)
         if m is not None:
             value = torch.where(torch.from_numpy(np.array(m)).to(value.device), value,
                                 torch.zeros((), dtype=value.dtype, device=value.device))
         return value
 
     def write(self, value, mask=None, what="write"):
-        """Stores ``value`` (a torch tensor or a Python scalar) into this access."""
+        """Stores ``value`` (a torch tensor aligned to the current loop frame, or a Python scalar)."""
         if self.alloc.is_input and not self.alloc.mutable:
             raise NKIError("immutable-input", f"{what}: the kernel writes to its input {self.alloc.name!r}, which it "
                            "does not declare mutable (nki.jit(mutates_args=...) or nki_op(mutates_args=...))")
         m = self._mask(mask)
+        frame = _context.current().frame
+        if isinstance(value, torch.Tensor) and frame:
+            self._grow(value, frame)
+            value = self._fit_frame(value, frame)
+        target = self.data
+        if self.batch and any(b not in frame for b in self.batch):  # a tile of a loop that has ended
+            target = target[tuple(slice(None) if b in frame else -1 for b in self.batch)]
+        lead = sum(1 for b in self.batch if b in frame)
         if isinstance(value, torch.Tensor):
             try:
-                value = value.to(self.data.dtype).expand(self.shape)
+                value = value.to(self.data.dtype).expand(list(target.shape[:lead]) + list(self.shape))
             except RuntimeError:
-                raise NKIError("shape-mismatch", f"{what}: a value of shape {tuple(value.shape)} cannot be written "
-                               f"to {self.describe()}") from None
+                raise NKIError("shape-mismatch", f"{what}: a value of shape {tuple(value.shape[lead:])} cannot be "
+                               f"written to {self.describe()}") from None
         if m is not None and self.key is not None:  # scatter only the kept positions
             keep = np.array(m)
             index = tuple(torch.from_numpy(np.broadcast_to(a, self.shape)[keep]) if isinstance(a, np.ndarray) else a
                           for a in self.key)
             if isinstance(value, torch.Tensor):
                 value = value[torch.from_numpy(keep)]
-            self.data[index] = value
+            target[index] = value
         elif m is not None:
             if not isinstance(value, torch.Tensor):
                 value = torch.full(self.shape, value, dtype=self.data.dtype)
-            self.data.copy_(torch.where(torch.from_numpy(np.array(m)), value, self.data))
+            target.copy_(torch.where(torch.from_numpy(np.array(m)), value, target))
         elif self.key is None:
             if isinstance(value, torch.Tensor):
-                self.data.copy_(value)
+                target.copy_(value)
             else:
-                self.data.fill_(value)
+                target.fill_(value)
         else:
-            self.data[self._torch_key()] = value
+            target[self._torch_key()] = value
         self.alloc.written = True
 
+    def _grow(self, value, frame):
+        """A tile made in a batched loop starts with size-1 batch dims (one copy for all iterations);
+        its first write gives it the dims along which the written values differ."""
+        if self.key is not None or self.alloc.viewed or not self.batch or any(b not in frame for b in self.batch):
+            return
+        self._resize([max(self.data.shape[i], value.shape[frame.index(b)]) for i, b in enumerate(self.batch)])
+
+    def _resize(self, batch_sizes):
+        """Gives this (root, unviewed) tile batch dims of the given sizes, keeping its values."""
+        if batch_sizes == list(self.data.shape[:len(self.batch)]):
+            return
+        if self.alloc.written:
+            self.data = self.data.expand(batch_sizes + list(self.shape)).clone()
+        else:
+            self.data = torch.empty(batch_sizes + list(self.shape), dtype=self.data.dtype)
+
+    def _fit_frame(self, value, frame):
+        """Drops the frame dims this tile does not have; iterations must agree on what they write."""
+        drop = [i for i, f in enumerate(frame) if f not in self.batch or self.key is not None]
+        varying = {frame[i] for i in drop if value.shape[i] != 1}
+        if varying:
+            raise Unbatchable(varying, "iterations of a batched loop write different values to one place "
+                              "(a loop-carried dependency)")
+        kept = [i for i, f in enumerate(frame) if i not in drop]
+        for i in kept:
+            b = self.batch.index(frame[i])
+            if value.shape[i] != 1 and self.data.shape[b] == 1:
+                raise Unbatchable({frame[i]}, "a tile that was the same in every iteration is overwritten with "
+                                  "values that differ")
+        return value.reshape([value.shape[i] for i in kept] + list(value.shape[len(frame):]))
+
     def __setitem__(self, key, value):
-        target = self[key]
+        target = self if key is Ellipsis or key == slice(None) else self[key]
         if isinstance(value, NkiTensor):
             _check_compute_operand(value, "tile assignment")
             value = value.read(what="tile assignment")
@@ -349,7 +522,8 @@ class NkiTensor:
         if self.key is not None:
             raise NKIError("reshape", f"{self.describe()}: an indexed access cannot be reshaped; reshape the tensor")
         try:
-            return NkiTensor(self.data.view(shape), self.buffer, self.alloc)
+            lead = list(self.data.shape[:len(self.batch)])
+            return NkiTensor(self.data.view(lead + list(shape)), self.buffer, self.alloc, batch=self.batch)
         except RuntimeError as e:
             raise NKIError("reshape", f"cannot reshape {self.describe()} to {shape}: {e}") from None
 
@@ -373,10 +547,16 @@ class NkiTensor:
 
 
 def _inplace(tile, other, op):
-    from torchneuron.nki import language
-    result = getattr(language, op)(tile, other)
+    """``tile op= other``. Across a batched loop, ``+=``/``-=`` accumulate every iteration's value."""
+    from torchneuron.nki import _ops, language
     tile._check_on_chip(f"in-place {op}")
-    tile.write(result.read(), what=f"in-place {op}")
+    values = _ops.operand(other, f"in-place {op}")
+    if op in ("add", "subtract") and isinstance(values, torch.Tensor):
+        values = _ops.accumulate_over(values, tile)
+    current = _ops.compute(tile.read(what=f"in-place {op}"))
+    result = language._BINARY[op](*language._tensor_args([current, _ops.compute(values)]))
+    _ops.record("vector", op, tile.shape, tile.dtype)
+    tile.write(result, what=f"in-place {op}")
     return tile
 
 
@@ -385,7 +565,11 @@ def _check_compute_operand(t, what):
 
 
 def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
-    """Allocates a tile (or, for HBM buffers, a kernel-local tensor) in the current call."""
+    """Allocates a tile (or, for HBM buffers, a kernel-local tensor) in the current call.
+
+    Inside batched loops a tile has one leading dim per loop (``data`` given: already aligned to
+    the frame). shared_hbm tensors are never batched: all iterations and programs share them.
+    """
     ctx = _context.current()
     shape = tuple(int(n) for n in shape)
     alloc = Allocation(name, written=written)
@@ -397,6 +581,8 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
             raise NKIError("partition-dim", f"a tile of shape {shape} in {buffer.name} has partition dimension "
                            f"{shape[0]}, but a tile has at most {ctx.platform.pmax} partitions")
         ctx.allocate(alloc, buffer.name, shape, dtype.itemsize)
-    if data is None:
-        data = _context.scratch(shape, dtype) if ctx.checking else torch.empty(shape, dtype=dtype)
-    return NkiTensor(data, buffer, alloc)
+    batch = () if buffer is shared_hbm else ctx.frame
+    if data is None:  # batch dims of size 1 until the first write (see NkiTensor._grow)
+        full = [1] * len(batch) + list(shape)
+        data = _context.scratch(full, dtype) if ctx.checking else torch.empty(full, dtype=dtype)
+    return NkiTensor(data, buffer, alloc, batch=batch)

@@ -7,7 +7,8 @@ import torch
 
 from torchneuron.nki import _context
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki._ops import compute, dst_write, operand, record, wrap_torch_errors
+from torchneuron.nki._batch import Unbatchable
+from torchneuron.nki._ops import compute, dst_write, frame_constant, lead, operand, record, tile_shape, wrap_torch_errors
 from torchneuron.nki._tile import NkiTensor, psum, sbuf
 
 NkiValidationError = NKIError
@@ -79,11 +80,14 @@ def dma_copy(dst, src, priority=None, oob_mode=None, dge_mode=None, engine=None,
         raise NKIError("dma-psum", f"nisa.dma_copy from {src.describe()} to {dst.describe()}: DMA does not reach "
                        "PSUM; copy PSUM tiles to SBUF with nisa.tensor_copy first")
     values = src.read(mask, what="nisa.dma_copy")
-    if values.numel() != int(np.prod(dst.shape)):
-        raise NKIError("shape-mismatch", f"nisa.dma_copy: src {src.describe()} has {values.numel()} elements, "
+    n = lead()
+    count = int(np.prod(values.shape[n:]))
+    if count != int(np.prod(dst.shape)):
+        raise NKIError("shape-mismatch", f"nisa.dma_copy: src {src.describe()} has {count} elements, "
                        f"dst {dst.describe()} has {int(np.prod(dst.shape))}")
     record("dma", "dma_copy", dst.shape, dst.dtype, src=src.buffer.name, dst=dst.buffer.name)
-    dst.write(values.reshape(dst.shape), mask=mask, what=f"nisa.dma_copy to {dst.describe()}")
+    dst.write(values.reshape(list(values.shape[:n]) + list(dst.shape)), mask=mask,
+              what=f"nisa.dma_copy to {dst.describe()}")
 
 
 def tensor_copy(dst, src, engine=None, name=None, mask=None, **kwargs):
@@ -139,27 +143,56 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     """
     s = _tile(stationary, "nisa.nc_matmul stationary")
     m = _tile(moving, "nisa.nc_matmul moving")
-    check_matmul("nisa.nc_matmul", stationary, moving, tuple(s.shape), tuple(m.shape))
+    check_matmul("nisa.nc_matmul", stationary, moving, tile_shape(s), tile_shape(m))
     if not isinstance(dst, NkiTensor) or dst.buffer is not psum:
         raise NKIError("matmul-dst-in-psum", "nisa.nc_matmul: dst must be a PSUM tile, got "
                        f"{dst.describe() if isinstance(dst, NkiTensor) else type(dst).__name__}")
+    k, mm = tile_shape(s)
+    expected = (tile_shape(m)[1], tile_shape(m)[0]) if is_transpose else (mm, tile_shape(m)[1])
+    if expected != dst.shape:
+        raise NKIError("shape-mismatch", f"nisa.nc_matmul: the product has shape {expected} but dst is "
+                       f"{dst.describe()}")
     groups = _groups(dst)
     region = _region(dst)
     add = accumulate if accumulate is not None else region in groups
-    if is_transpose:  # the stationary operand is an identity: the instruction transposes `moving`
-        result = m.float().t()
-        dst.write(dst.read(what="nisa.nc_matmul") + result if add else result, what="nisa.nc_matmul")
-    elif dst.key is None and dst.dtype == torch.float32:  # accumulate in place, as PSUM does
-        if add:
+    frame = _context.current().frame
+    if not frame and not is_transpose and dst.key is None and dst.dtype == torch.float32:
+        if add:  # accumulate in place, as PSUM does
             dst.read(what="nisa.nc_matmul accumulate")
             dst.data.addmm_(s.t().float(), m.float())
         else:
             torch.mm(s.t().float(), m.float(), out=dst.data)
             dst.alloc.written = True
     else:
-        result = s.t().float() @ m.float()
-        dst.write(dst.read(what="nisa.nc_matmul") + result if add else result, what="nisa.nc_matmul")
+        product = _batched_product(s, m, dst, is_transpose, accumulate)
+        if add:
+            product = dst.read(what="nisa.nc_matmul accumulate") + product
+        dst.write(product, what="nisa.nc_matmul")
     groups.add(region)
+
+
+def _batched_product(s, m, dst, is_transpose, accumulate):
+    """stationary.T @ moving for every iteration of the batched loops, summed over the loops that
+    ``dst`` does not have (accumulation across those iterations) in one contraction."""
+    ctx = _context.current()
+    n = len(ctx.frame)
+    summed = [i for i, f in enumerate(ctx.frame) if f not in dst.batch]
+    if summed and accumulate is False:
+        raise Unbatchable({ctx.frame[i] for i in summed}, "matmuls of a batched loop overwrite one PSUM tile")
+    if is_transpose:  # the stationary operand is an identity: the instruction transposes `moving`
+        product = m.float().transpose(-1, -2)
+        for i in reversed(summed):
+            product = product.sum(dim=i, keepdim=True)
+        return product
+    letters = "abcdefghijklmnop"[:n]
+    kept = "".join(c for i, c in enumerate(letters) if i not in summed)
+    product = torch.einsum(f"{letters}kx,{letters}ky->{kept}xy", s.float(), m.float())
+    for i in summed:  # a product the same in every iteration is accumulated once per iteration
+        if s.shape[i] == 1 and m.shape[i] == 1:
+            product = product * ctx.loop_sizes[ctx.frame[i]]
+    for i in summed:
+        product = product.unsqueeze(i)
+    return product
 
 
 def _groups(t):
@@ -172,17 +205,19 @@ def nc_transpose(dst, data, engine=None, name=None, **kwargs):
     values = _tile(data, "nisa.nc_transpose")
     eng = _engine_name(engine, "tensor")
     limit = 32 if eng == "vector" else _context.current().platform.pmax
-    v2 = values.reshape(values.shape[0], -1)
-    if builtin_max(v2.shape) > limit:
+    n = lead()
+    v2 = values.reshape(list(values.shape[:n]) + [values.shape[n], -1])
+    shape2 = tile_shape(v2)
+    if builtin_max(shape2) > limit:
         raise NKIError("transpose-size", f"nisa.nc_transpose on the {eng} engine handles up to [{limit}, {limit}], "
-                       f"got {tuple(v2.shape)}")
+                       f"got {shape2}")
     if eng == "tensor" and (dst.buffer is not psum or data.buffer is not sbuf):
         raise NKIError("transpose-buffers", "nisa.nc_transpose on the tensor engine reads SBUF and writes PSUM")
     if dst.dtype != data.dtype:
         raise NKIError("dtype", f"nisa.nc_transpose: dst dtype {dst.dtype} must equal data dtype {data.dtype}")
-    record(eng, "transpose", tuple(v2.shape), data.dtype, matmul=(v2.shape[0], v2.shape[0], v2.shape[1])
+    record(eng, "transpose", shape2, data.dtype, matmul=(shape2[0], shape2[0], shape2[1])
            if eng == "tensor" else None)
-    dst_write(dst, v2.t(), "nisa.nc_transpose")
+    dst_write(dst, v2.transpose(-1, -2), "nisa.nc_transpose")
 
 
 builtin_max = max
@@ -196,7 +231,7 @@ def _check_not_both_psum(what, *tiles):
 
 def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kwargs):
     a, b = _tile(data1, "nisa.tensor_tensor data1"), _tile(data2, "nisa.tensor_tensor data2")
-    if a.shape != b.shape:
+    if data1.shape != data2.shape:
         raise NKIError("shape-mismatch", f"nisa.tensor_tensor: data1 {data1.describe()} and data2 "
                        f"{data2.describe()} must have the same shape (use tensor_scalar to broadcast)")
     _check_not_both_psum("nisa.tensor_tensor", data1, data2)
@@ -208,9 +243,9 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kwargs):
 def _scalar_operand(x, what, partitions):
     if isinstance(x, NkiTensor):
         v = compute(operand(x, what))
-        if v.dim() != 2 or v.shape[1] != 1 or v.shape[0] != partitions:
+        if x.shape != (partitions, 1):
             raise NKIError("scalar-operand", f"{what}: a tile operand must have shape ({partitions}, 1), got "
-                           f"{tuple(v.shape)}")
+                           f"{x.shape}")
         return v
     return x
 
@@ -225,7 +260,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                   name=None, **kwargs):
     """``dst = (data op0 operand0) op1 operand1``; operands are scalars or (P, 1) tiles."""
     v = compute(_tile(data, "nisa.tensor_scalar data"))
-    p = v.shape[0]
+    p = data.shape[0]
     o0 = _scalar_operand(operand0, "nisa.tensor_scalar operand0", p)
     fn0 = _torch_op(op0, "nisa.tensor_scalar op0")
     out = wrap_torch_errors("nisa.tensor_scalar", _apply, fn0, v, o0, reverse0)
@@ -255,30 +290,27 @@ def _reducer(op, what):
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, **kwargs):
     from torchneuron.nki.language import _axes
     v = compute(_tile(data, "nisa.tensor_reduce"))
-    axes = _axes(axis, v.dim(), "nisa.tensor_reduce")
+    axes = _axes(axis, len(data.shape), "nisa.tensor_reduce")
     out = _reducer(op, "nisa.tensor_reduce")(v, axes, keepdims)
     if negate:
         out = -out
-    record("vector", "tensor_reduce", tuple(v.shape), dst.dtype)
+    record("vector", "tensor_reduce", data.shape, dst.dtype)
     dst_write(dst, out, "nisa.tensor_reduce")
-
-
-def _reduce_regs(partitions):
-    ctx = _context.current()
-    regs = getattr(ctx, "reduce_regs", None)
-    if regs is None or regs.shape[0] != partitions:
-        regs = torch.zeros(partitions, 1)
-        ctx.reduce_regs = regs
-    return regs
 
 
 def _reduce_into(out, cmd, reduce_res, what):
     """The scalar engine's per-partition accumulation registers, which persist across instructions."""
-    regs = _reduce_regs(out.shape[0])
-    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce):
-        regs.zero_()
+    ctx = _context.current()
+    n = len(ctx.frame)
+    sums = out.reshape(list(out.shape[:n]) + [out.shape[n], -1]).sum(dim=-1, keepdim=True)
+    regs = getattr(ctx, "reduce_regs", None)
+    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce) or regs is None or regs.shape[-2] != sums.shape[-2]:
+        regs = torch.zeros_like(sums)
+    elif ctx.frame:
+        raise Unbatchable(ctx.frame, "reduce registers accumulated across iterations of a batched loop")
     if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
-        regs += out.reshape(out.shape[0], -1).sum(dim=1, keepdim=True)
+        regs = regs + sums
+    ctx.reduce_regs = regs
     if reduce_res is not None:
         dst_write(reduce_res, regs.clone(), f"{what} reduce_res")
 
@@ -287,7 +319,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
                name=None, **kwargs):
     """``dst = op(data * scale + bias)`` on the scalar engine, optionally summing the result per partition."""
     v = compute(_tile(data, "nisa.activation data"))
-    p = v.shape[0]
+    p = data.shape[0]
     x = v * _scalar_operand(scale, "nisa.activation scale", p)
     if bias is not None:
         x = x + _scalar_operand(bias, "nisa.activation bias", p)
@@ -310,11 +342,12 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
                 **kwargs):
     """``dst = exp(src - max_value)``; with reduce_res, also the per-partition sum of the result."""
     v = compute(_tile(src, "nisa.exponential"))
-    out = torch.exp(v - _scalar_operand(max_value, "nisa.exponential max_value", v.shape[0]))
+    out = torch.exp(v - _scalar_operand(max_value, "nisa.exponential max_value", src.shape[0]))
     record("vector", "exponential", dst.shape, dst.dtype)
     dst_write(dst, out, "nisa.exponential")
     if reduce_res is not None:
-        total = out.reshape(out.shape[0], -1).sum(dim=1, keepdim=True) + reduce_init
+        n = lead()
+        total = out.reshape(list(out.shape[:n]) + [out.shape[n], -1]).sum(dim=-1, keepdim=True) + reduce_init
         dst_write(reduce_res, total, "nisa.exponential reduce_res")
 
 
@@ -344,7 +377,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **kwargs):
         raise NKIError("gpsimd-sbuf", f"nisa.iota writes SBUF tiles only, got {dst.describe()}")
     values = _affine_values(dst.shape, pattern, offset, channel_multiplier, "nisa.iota")
     record("gpsimd", "iota", dst.shape, dst.dtype)
-    dst_write(dst, torch.from_numpy(values).to(dst.data.device), "nisa.iota")
+    dst_write(dst, frame_constant(torch.from_numpy(values)), "nisa.iota")
 
 
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None,
@@ -355,8 +388,8 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
         if isinstance(t, NkiTensor) and t.buffer is not sbuf:
             raise NKIError("gpsimd-sbuf", f"nisa.affine_select: {role} {t.describe()} must be in SBUF")
     v = compute(_tile(on_true_tile, "nisa.affine_select on_true_tile"))
-    values = torch.from_numpy(_affine_values(tuple(v.shape), pattern, offset, channel_multiplier,
-                                             "nisa.affine_select")).to(v.device)
+    values = torch.from_numpy(_affine_values(on_true_tile.shape, pattern, offset, channel_multiplier,
+                                             "nisa.affine_select"))
     keep = _torch_op(cmp_op or language.equal, "nisa.affine_select cmp_op")(values, 0)
     record("gpsimd", "affine_select", dst.shape, dst.dtype)
     dst_write(dst, torch.where(keep, v, torch.tensor(float(on_false_value), device=v.device)), "nisa.affine_select")
@@ -364,38 +397,44 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 
 def bn_stats(dst, data, name=None, **kwargs):
     """Per partition: (count, mean, count * variance) of the even and of the odd elements."""
-    v = compute(_tile(data, "nisa.bn_stats")).reshape(data.shape[0], -1)
-    if v.shape[1] > 512:
-        raise NKIError("bn-stats-fmax", f"nisa.bn_stats handles at most 512 elements per partition, got {v.shape[1]}")
+    v = _per_partition(compute(_tile(data, "nisa.bn_stats")))
+    if v.shape[-1] > 512:
+        raise NKIError("bn-stats-fmax", f"nisa.bn_stats handles at most 512 elements per partition, got {v.shape[-1]}")
     parts = []
-    for half in (v[:, 0::2], v[:, 1::2]):
-        n = half.shape[1]
-        mean = half.mean(dim=1, keepdim=True) if n else torch.zeros(v.shape[0], 1, device=v.device)
-        m2 = ((half - mean) ** 2).sum(dim=1, keepdim=True)
+    for half in (v[..., 0::2], v[..., 1::2]):
+        n = half.shape[-1]
+        mean = half.mean(dim=-1, keepdim=True) if n else torch.zeros_like(v[..., :1])
+        m2 = ((half - mean) ** 2).sum(dim=-1, keepdim=True)
         parts += [torch.full_like(mean, n), mean, m2]
-    record("vector", "bn_stats", tuple(v.shape), dst.dtype)
-    dst_write(dst, torch.cat(parts, dim=1), "nisa.bn_stats")
+    record("vector", "bn_stats", data.shape, dst.dtype)
+    dst_write(dst, torch.cat(parts, dim=-1), "nisa.bn_stats")
+
+
+def _per_partition(v):
+    """[..., P, F]: the values of each partition flattened (leading batch dims kept)."""
+    n = lead()
+    return v.reshape(list(v.shape[:n]) + [v.shape[n], -1])
 
 
 def bn_aggr(dst, data, name=None, **kwargs):
     """Combines (count, mean, count * variance) triples into per-partition (mean, variance)."""
-    v = compute(_tile(data, "nisa.bn_aggr")).reshape(data.shape[0], -1)
-    if v.shape[1] % 3:
-        raise NKIError("bn-aggr-layout", f"nisa.bn_aggr reads (count, mean, count*var) triples; {v.shape[1]} values "
+    v = _per_partition(compute(_tile(data, "nisa.bn_aggr")))
+    if v.shape[-1] % 3:
+        raise NKIError("bn-aggr-layout", f"nisa.bn_aggr reads (count, mean, count*var) triples; {v.shape[-1]} values "
                        "per partition is not a multiple of 3")
-    t = v.reshape(v.shape[0], -1, 3)
+    t = v.reshape(list(v.shape[:-1]) + [-1, 3])
     count, mean, m2 = t[..., 0], t[..., 1], t[..., 2]
-    total = count.sum(dim=1, keepdim=True)
-    mu = (count * mean).sum(dim=1, keepdim=True) / total
-    var = (m2 + count * (mean - mu) ** 2).sum(dim=1, keepdim=True) / total
-    record("vector", "bn_aggr", tuple(v.shape), dst.dtype)
-    dst_write(dst, torch.cat([mu, var], dim=1), "nisa.bn_aggr")
+    total = count.sum(dim=-1, keepdim=True)
+    mu = (count * mean).sum(dim=-1, keepdim=True) / total
+    var = (m2 + count * (mean - mu) ** 2).sum(dim=-1, keepdim=True) / total
+    record("vector", "bn_aggr", data.shape, dst.dtype)
+    dst_write(dst, torch.cat([mu, var], dim=-1), "nisa.bn_aggr")
 
 
 def max8(dst, src, name=None, **kwargs):
     """The 8 largest values of each partition, in descending order."""
-    v = compute(_tile(src, "nisa.max8")).reshape(src.shape[0], -1)
-    if not 8 <= v.shape[1] <= 16384:
-        raise NKIError("max8-size", f"nisa.max8 needs 8 to 16384 elements per partition, got {v.shape[1]}")
-    record("vector", "max8", tuple(v.shape), dst.dtype)
-    dst_write(dst, torch.topk(v, 8, dim=1).values, "nisa.max8")
+    v = _per_partition(compute(_tile(src, "nisa.max8")))
+    if not 8 <= v.shape[-1] <= 16384:
+        raise NKIError("max8-size", f"nisa.max8 needs 8 to 16384 elements per partition, got {v.shape[-1]}")
+    record("vector", "max8", src.shape, dst.dtype)
+    dst_write(dst, torch.topk(v, 8, dim=-1).values, "nisa.max8")

@@ -8,8 +8,10 @@ import torch
 
 from torchneuron.nki import _context
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki._ops import (as_dtype, check_partitions, compute, make_result, operand, record, result_dtype,
-                                  wrap_torch_errors)
+from torchneuron.nki._batch import Affine, Unbatchable
+from torchneuron.nki._errors import kernel_position
+from torchneuron.nki._ops import (as_dtype, check_partitions, compute, lead, make_result, operand, record,
+                                  result_dtype, tile_shape, wrap_torch_errors)
 from torchneuron.nki._tile import IndexExpr, NkiTensor, ds, hbm, new_tile, private_hbm, psum, sbuf, shared_hbm
 
 __all__ = ["sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ds", "tile_size"]
@@ -127,6 +129,8 @@ mgrid = _MGrid()
 # -- loops and SPMD ids --------------------------------------------------------------------------
 def _range(kind, start, stop, step):
     for v in (start, stop, step):
+        if isinstance(v, Affine):
+            raise Unbatchable(v.coeffs, f"nl.{kind} bounds depend on a batched loop variable")
         if v is not None and not isinstance(v, (int, np.integer)):
             raise NKIError("loop-bounds", f"nl.{kind} bounds must be integers known when the kernel is traced, "
                            f"got {type(v).__name__}")
@@ -134,8 +138,23 @@ def _range(kind, start, stop, step):
 
 
 def affine_range(start, stop=None, step=1):
-    """Iterations without loop-carried dependencies (accumulation into a tile is allowed)."""
-    return _range("affine_range", start, stop, step)
+    """Iterations without loop-carried dependencies (accumulation into a tile is allowed); the run
+    pass may execute them all at once (see _batch)."""
+    iterations = _range("affine_range", start, stop, step)
+    ctx = _context.current()
+    if ctx.batching and len(iterations) > 1:
+        site = kernel_position()
+        if site not in ctx.unbatchable:
+            return _batched(ctx, site, iterations)
+    return iterations
+
+
+def _batched(ctx, site, iterations):
+    loop = ctx.push_loop(site, len(iterations))
+    try:
+        yield Affine(iterations.start, {loop: iterations.step})
+    finally:
+        ctx.pop_loop(loop)
 
 
 def sequential_range(start, stop=None, step=1):
@@ -170,7 +189,7 @@ def device_print(prefix, x, **kwargs):
     """Prints a tile's values when the kernel runs (not while it is checked)."""
     ctx = _context.current()
     values = x.read(what="nl.device_print") if isinstance(x, NkiTensor) else x
-    if not ctx.checking:
+    if not ctx.checking and not ctx.trial:
         print(prefix, values.numpy() if isinstance(values, torch.Tensor) else values, flush=True)
 
 
@@ -182,8 +201,8 @@ def load(src, mask=None, dtype=None, **kwargs):
         raise NKIError("load-from-hbm", f"nl.load reads from HBM tensors only, got {where}"
                        f"{' ' + src.describe() if isinstance(src, NkiTensor) else ''}")
     values = src.read(mask, what="nl.load")
-    check_partitions(values.shape, f"nl.load of {src.describe()}")
-    record("dma", "load", tuple(values.shape), src.dtype, src="hbm", dst="sbuf")
+    check_partitions(tile_shape(values), f"nl.load of {src.describe()}")
+    record("dma", "load", tile_shape(values), src.dtype, src="hbm", dst="sbuf")
     out_dtype = as_dtype(dtype) or src.dtype
     return make_result(values.to(out_dtype, copy=True), out_dtype, "nl.load", mask)
 
@@ -215,21 +234,22 @@ def copy(x, dtype=None, mask=None, **kwargs):
 def broadcast_to(src, shape, **kwargs):
     values = operand(src, "nl.broadcast_to")
     record("vector", "broadcast", tuple(shape), src.dtype)
-    out = wrap_torch_errors("nl.broadcast_to", lambda: values.expand(tuple(shape)).clone())
+    out = wrap_torch_errors("nl.broadcast_to",
+                            lambda: values.expand(list(values.shape[:lead()]) + list(shape)).clone())
     return make_result(out, src.dtype, "nl.broadcast_to")
 
 
 def transpose(x, dtype=None, mask=None, **kwargs):
     """Swaps the partition and free dimension of a 2-D tile (on the tensor engine)."""
     values = operand(x, "nl.transpose")
-    if values.dim() != 2:
+    shape = tile_shape(values)
+    if len(shape) != 2:
         raise NKIError("transpose", f"nl.transpose takes a 2-D tile, got {x.describe()}")
     pmax = _context.current().platform.pmax
-    if builtins.max(values.shape) > pmax:
+    if builtins.max(shape) > pmax:
         raise NKIError("transpose-size", f"nl.transpose of {x.describe()}: both dimensions must be at most {pmax}")
-    record("tensor", "transpose", tuple(values.shape), x.dtype, matmul=(values.shape[0], values.shape[0],
-                                                                         values.shape[1]))
-    return make_result(values.t().clone(), as_dtype(dtype) or x.dtype, "nl.transpose", mask)
+    record("tensor", "transpose", shape, x.dtype, matmul=(shape[0], shape[0], shape[1]))
+    return make_result(values.transpose(-1, -2).clone(), as_dtype(dtype) or x.dtype, "nl.transpose", mask)
 
 
 def matmul(x, y, transpose_x=False, mask=None, **kwargs):
@@ -238,9 +258,9 @@ def matmul(x, y, transpose_x=False, mask=None, **kwargs):
     xs, ys = operand(x, "nl.matmul x"), operand(y, "nl.matmul y")
     if not isinstance(xs, torch.Tensor) or not isinstance(ys, torch.Tensor):
         raise NKIError("operand", "nl.matmul multiplies two tiles")
-    stationary = xs if transpose_x else xs.t()
-    check_matmul("nl.matmul", x, y, tuple(stationary.shape), tuple(ys.shape))
-    out = stationary.t().float() @ ys.float()
+    stationary = xs if transpose_x else xs.transpose(-1, -2)
+    check_matmul("nl.matmul", x, y, tile_shape(stationary), tile_shape(ys))
+    out = stationary.transpose(-1, -2).float() @ ys.float()
     return make_result(out, torch.float32, "nl.matmul", mask, buffer=psum)
 
 
@@ -278,7 +298,16 @@ _SCALAR_ENGINE = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "gel
 
 
 def _tensor_args(args):
-    return [torch.as_tensor(a) if not isinstance(a, torch.Tensor) else a for a in args]
+    """Scalars as tensors; tiles of fewer dims padded (after the batch dims) so they broadcast as
+    NumPy would broadcast the tiles themselves."""
+    args = [torch.as_tensor(a) if not isinstance(a, torch.Tensor) else a for a in args]
+    n = lead()
+    ranks = [a.dim() - n for a in args if a.dim()]
+    rank = builtins.max(ranks) if ranks else 0
+    for i, a in enumerate(args):
+        if a.dim() and a.dim() - n < rank:
+            args[i] = a.reshape(list(a.shape[:n]) + [1] * (rank - a.dim() + n) + list(a.shape[n:]))
+    return args
 
 
 def _elementwise(name, fn, arity):
@@ -290,7 +319,7 @@ def _elementwise(name, fn, arity):
             raise NKIError("operand", f"nl.{name} needs at least one tile operand")
         out_dtype = as_dtype(dtype) or (torch.bool if name in _BOOL_RESULT else result_dtype(args, None))
         out = wrap_torch_errors(f"nl.{name}", fn, *_tensor_args(values))
-        record("scalar" if name in _SCALAR_ENGINE else "vector", name, tuple(out.shape), out_dtype)
+        record("scalar" if name in _SCALAR_ENGINE else "vector", name, tile_shape(out), out_dtype)
         return make_result(out, out_dtype, f"nl.{name}", mask)
 
     op.__name__ = op.__qualname__ = name
@@ -308,14 +337,15 @@ for _name, _fn in _BINARY.items():
 def where(condition, x, y, dtype=None, mask=None, **kwargs):
     c = operand(condition, "nl.where condition")
     xv, yv = compute(operand(x, "nl.where x")), compute(operand(y, "nl.where y"))
-    out = wrap_torch_errors("nl.where", lambda: torch.where(c.bool(), *_tensor_args([xv, yv])))
+    out = wrap_torch_errors("nl.where", lambda: torch.where(*_tensor_args([c.bool(), xv, yv])))
     out_dtype = as_dtype(dtype) or result_dtype([x, y], None)
-    record("vector", "where", tuple(out.shape), out_dtype)
+    record("vector", "where", tile_shape(out), out_dtype)
     return make_result(out, out_dtype, "nl.where", mask)
 
 
 # -- reductions ----------------------------------------------------------------------------------
 def _axes(axis, ndim, what):
+    """The reduced axes of a tile of ``ndim`` dims, checked, as dims of its frame-aligned values."""
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(a % ndim for a in axes)
     if 0 in axes:
@@ -324,16 +354,17 @@ def _axes(axis, ndim, what):
     if sorted(axes) != list(range(ndim - len(axes), ndim)):
         raise NKIError("reduce-axes", f"{what}: reduced axes {axes} must be the last contiguous free axes of a "
                        f"{ndim}-D tile")
-    return axes
+    n = lead()
+    return tuple(sorted(a + n for a in axes))
 
 
 def _reduction(name, fn, bool_result=False):
     def op(x, axis, dtype=None, mask=None, keepdims=False, **kwargs):
         values = compute(operand(x, f"nl.{name}"))
-        axes = _axes(axis, values.dim(), f"nl.{name}")
+        axes = _axes(axis, values.dim() - lead(), f"nl.{name}")
         out = fn(values, axes, keepdims)
         out_dtype = as_dtype(dtype) or (torch.bool if bool_result else x.dtype)
-        record("vector", name, tuple(values.shape), out_dtype)
+        record("vector", name, tile_shape(values), out_dtype)
         return make_result(out, out_dtype, f"nl.{name}", mask)
 
     op.__name__ = op.__qualname__ = name
@@ -356,11 +387,11 @@ sum.torch_fn, max.torch_fn, min.torch_fn = torch.sum, torch.amax, torch.amin
 
 def softmax(x, axis, dtype=None, compute_dtype=None, mask=None, **kwargs):
     values = compute(operand(x, "nl.softmax"))
-    axes = _axes(axis, values.dim(), "nl.softmax")
+    axes = _axes(axis, values.dim() - lead(), "nl.softmax")
     shifted = values - torch.amax(values, dim=axes, keepdim=True)
     e = torch.exp(shifted)
     out = e / torch.sum(e, dim=axes, keepdim=True)
-    record("scalar", "softmax", tuple(values.shape), x.dtype, passes=4)
+    record("scalar", "softmax", tile_shape(values), x.dtype, passes=4)
     return make_result(out, as_dtype(dtype) or x.dtype, "nl.softmax", mask)
 
 
@@ -368,10 +399,10 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=N
     """``x / sqrt(sum(x**2, axis) / n + epsilon) * w``."""
     values = compute(operand(x, "nl.rms_norm x"))
     weight = compute(operand(w, "nl.rms_norm w"))
-    axes = _axes(axis, values.dim(), "nl.rms_norm")
+    axes = _axes(axis, values.dim() - lead(), "nl.rms_norm")
     rms = torch.sqrt(torch.sum(values * values, dim=axes, keepdim=True) / n + epsilon)
     out = wrap_torch_errors("nl.rms_norm", lambda: values / rms * weight)
-    record("scalar", "rms_norm", tuple(values.shape), x.dtype, passes=3)
+    record("scalar", "rms_norm", tile_shape(values), x.dtype, passes=3)
     return make_result(out, as_dtype(dtype) or x.dtype, "nl.rms_norm", mask)
 
 

@@ -1,0 +1,114 @@
+"""Batched execution of ``affine_range`` loops and SPMD grids.
+
+``affine_range`` promises that iterations do not depend on each other (apart from accumulation
+into a tile), so the run pass may execute all iterations of such a loop at once: the loop body
+runs a single time with the loop variable as an ``Affine`` value (``const + coeff * index``), and
+every tile made inside the loop carries one leading *batch* dimension per batched loop. A tile
+of 128 x 512 allocated in a batched loop of 16 iterations is held as a 16 x 128 x 512 tensor, a
+load whose offset depends on the loop variable is a strided view, and a matmul accumulated
+across a batched loop becomes one contraction (one large GEMM instead of 16 small ones).
+
+Whatever the batched form cannot express raises ``Unbatchable`` naming the loops involved:
+Python control flow on a loop variable (``if j == i``, ``range(i + 1)``), a write that would
+make iterations overwrite each other (a loop-carried dependency), a gather or mask that moves
+with the loop. Those loops then run iteration by iteration. Which loops batch is decided per
+kernel signature by a trial run on scratch data, whose outputs must match the sequential run's.
+"""
+
+
+class Unbatchable(Exception):
+    """The batched form cannot express an operation of these loops (ids)."""
+
+    def __init__(self, loops, why):
+        super().__init__(why)
+        self.loops = frozenset(loops)
+
+
+class Affine:
+    """An integer that depends on batched loop indices: ``const + sum(coeff[L] * index_L)``."""
+
+    __slots__ = ("const", "coeffs")
+
+    def __init__(self, const=0, coeffs=None):
+        self.const = const
+        self.coeffs = coeffs or {}
+
+    @staticmethod
+    def of(x):
+        return x if isinstance(x, Affine) else Affine(int(x))
+
+    def _unbatchable(self, what):
+        raise Unbatchable(self.coeffs, f"{what} of a loop variable needs its value (the loop runs sequentially)")
+
+    def __add__(self, other):
+        from torchneuron.nki._tile import IndexExpr
+        if isinstance(other, IndexExpr):
+            return other + self
+        if isinstance(other, Affine):
+            coeffs = dict(self.coeffs)
+            for loop, c in other.coeffs.items():
+                coeffs[loop] = coeffs.get(loop, 0) + c
+            return simplify(Affine(self.const + other.const, {k: v for k, v in coeffs.items() if v}))
+        if isinstance(other, int):
+            return Affine(self.const + other, self.coeffs)
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __neg__(self):
+        return Affine(-self.const, {k: -v for k, v in self.coeffs.items()})
+
+    def __sub__(self, other):
+        return self + (-other)
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __mul__(self, other):
+        if isinstance(other, int):
+            return simplify(Affine(self.const * other, {k: v * other for k, v in self.coeffs.items() if v * other}))
+        if isinstance(other, Affine):
+            self._unbatchable("a product")
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other):
+        self._unbatchable("integer division")
+
+    def __mod__(self, other):
+        self._unbatchable("a remainder")
+
+    def __index__(self):
+        self._unbatchable("Python use")
+
+    def __int__(self):
+        self._unbatchable("Python use")
+
+    def __bool__(self):
+        self._unbatchable("a truth test")
+
+    def __eq__(self, other):
+        self._unbatchable("a comparison")
+
+    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    __hash__ = object.__hash__
+
+    def bounds(self, sizes):
+        """(min, max) over the loops' index ranges (``sizes``: loop id -> iteration count)."""
+        low = high = self.const
+        for loop, c in self.coeffs.items():
+            span = c * (sizes[loop] - 1)
+            low, high = low + min(0, span), high + max(0, span)
+        return low, high
+
+    def __repr__(self):
+        return f"Affine({self.const} + {self.coeffs})"
+
+
+def simplify(x):
+    return x.const if isinstance(x, Affine) and not x.coeffs else x
+
+
+def loops_of(x):
+    return x.coeffs.keys() if isinstance(x, Affine) else ()
