@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
+from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import IndexExpr, NkiTensor, new_tile, psum, sbuf
 
@@ -34,6 +35,8 @@ def operand(x, what):
         return x.read(what=what)
     if isinstance(x, (bool, int, float, np.number)):
         return x
+    if isinstance(x, Affine):
+        return affine_values(x)
     raise NKIError("operand", f"{what}: expected a tile in SBUF/PSUM or a scalar, got {type(x).__name__}")
 
 
@@ -70,6 +73,20 @@ def lead():
 
 def tile_shape(values):
     return tuple(values.shape[lead():])
+
+
+def affine_values(a):
+    """A loop-dependent integer as a tensor aligned to the loop frame."""
+    ctx = _context.current()
+    if any(loop not in ctx.frame for loop in a.coeffs):
+        raise Unbatchable(a.coeffs, "a loop variable used after its batched loop ended")
+    out = torch.full([1] * len(ctx.frame), a.const, dtype=torch.int64)
+    for i, loop in enumerate(ctx.frame):
+        if loop in a.coeffs:
+            shape = [1] * len(ctx.frame)
+            shape[i] = ctx.loop_sizes[loop]
+            out = out + a.coeffs[loop] * torch.arange(ctx.loop_sizes[loop]).reshape(shape)
+    return out
 
 
 def frame_constant(values):

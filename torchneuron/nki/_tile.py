@@ -424,6 +424,10 @@ class NkiTensor:
                            "does not declare mutable (nki.jit(mutates_args=...) or nki_op(mutates_args=...))")
         m = self._mask(mask)
         frame = _context.current().frame
+        if isinstance(value, Affine):  # a loop-dependent integer: its value in each iteration
+            from torchneuron.nki._ops import affine_values
+            value = affine_values(value)
+            value = value.reshape(list(value.shape) + [1] * len(self.shape))
         if isinstance(value, torch.Tensor) and frame:
             self._grow(value, frame)
             value = self._fit_frame(value, frame)
@@ -551,8 +555,9 @@ def _inplace(tile, other, op):
     from torchneuron.nki import _ops, language
     tile._check_on_chip(f"in-place {op}")
     values = _ops.operand(other, f"in-place {op}")
-    if op in ("add", "subtract") and isinstance(values, torch.Tensor):
-        values = _ops.accumulate_over(values, tile)
+    if op in ("add", "subtract") and _context.current().frame:
+        values = _ops.accumulate_over(_ops.frame_constant(torch.as_tensor(values)) if not isinstance(
+            values, torch.Tensor) else values, tile)
     current = _ops.compute(tile.read(what=f"in-place {op}"))
     result = language._BINARY[op](*language._tensor_args([current, _ops.compute(values)]))
     _ops.record("vector", op, tile.shape, tile.dtype)

@@ -1,0 +1,122 @@
+"""Batched execution of affine_range loops and grids: same results as one iteration at a time."""
+
+import numpy as np
+import pytest
+import torch
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+from tests.nki.test_isa import tiled_matmul
+from tests.nki.test_language import add_spmd, rand
+
+
+def plan_of(kernel):
+    (plan,) = kernel._plans.values()
+    return plan
+
+
+def sequential(kernel, *args, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_NKI_BATCH", "0")
+    fresh = nki.jit(kernel.fn)[kernel.grid] if kernel.grid else nki.jit(kernel.fn)
+    out = fresh(*args)
+    assert plan_of(fresh).unbatchable is None
+    monkeypatch.delenv("TORCHNEURON_NKI_BATCH")
+    return out
+
+
+def test_a_tiled_matmul_batches_every_loop_into_one_contraction(monkeypatch):
+    kernel = nki.jit(tiled_matmul.fn)
+    a, b = rand(384, 256), rand(384, 1024)
+    out = kernel(a, b)
+    assert plan_of(kernel).unbatchable == frozenset()
+    np.testing.assert_allclose(out, a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, sequential(kernel, a, b, monkeypatch=monkeypatch), rtol=1e-4, atol=1e-4)
+
+
+def test_a_grid_runs_all_programs_at_once():
+    kernel = nki.jit(add_spmd.fn)[2, 2]
+    a, b = rand(256, 512), rand(256, 512)
+    np.testing.assert_array_equal(kernel(a, b), a + b)
+    assert plan_of(kernel).unbatchable == frozenset()
+
+
+@nki.jit
+def prefix_sums(a):
+    """A loop-carried dependency declared (wrongly) as affine_range, and control flow on the loop
+    variable: those loops run one iteration at a time; the others still batch."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    acc = nl.zeros((128, 1), nl.float32)
+    for j in nl.affine_range(a.shape[1]):       # carried: acc depends on the previous iteration
+        acc[...] = nl.add(acc, nl.load(a[:, j:j + 1]))
+        nl.store(out[:, j:j + 1], value=acc)
+    return out
+
+
+@nki.jit
+def triangle(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(a.shape[1]):
+        t = nl.load(a[:, i:i + 1])
+        if i % 2 == 0:                          # Python control flow on the loop variable
+            t = t * 2
+        nl.store(out[:, i:i + 1], value=t)
+    return out
+
+
+def test_loops_that_cannot_batch_run_sequentially_and_stay_correct():
+    a = rand(128, 6)
+    np.testing.assert_allclose(prefix_sums(a), np.cumsum(a, axis=1), rtol=1e-5, atol=1e-6)
+    assert len(plan_of(prefix_sums).unbatchable) == 1
+    np.testing.assert_array_equal(triangle(a), a * np.array([2, 1, 2, 1, 2, 1], np.float32))
+    assert len(plan_of(triangle).unbatchable) == 1
+
+
+def test_accumulation_across_a_batched_loop_sums_every_iteration():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 8), nl.float32)
+        for j in nl.affine_range(a.shape[1] // 8):
+            acc += nl.load(a[:, j * 8:(j + 1) * 8])
+            acc += 1.0                              # the same value in every iteration counts each time
+        nl.store(out, value=acc)
+        return out
+
+    a = rand(128, 64)
+    np.testing.assert_allclose(kernel(a), a.reshape(128, 8, 8).sum(axis=1) + 8, rtol=1e-5, atol=1e-5)
+    assert plan_of(kernel).unbatchable == frozenset()
+
+
+def test_tiles_made_in_a_batched_loop_and_used_after_it_hold_the_last_iteration():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        for j in nl.affine_range(4):
+            t = nl.load(a[:, j * 4:(j + 1) * 4])
+        nl.store(out, value=t)                     # Python semantics: the last iteration's tile
+        return out
+
+    a = rand(128, 16)
+    np.testing.assert_array_equal(kernel(a), a[:, 12:16])
+
+
+def test_nested_batched_loops_with_psum_and_a_masked_ragged_tile_on_the_device():
+    @nki.jit
+    def kernel(x, y):
+        out = nl.ndarray((x.shape[1], y.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        for m in nl.affine_range(x.shape[1] // 128):
+            acc = nl.ndarray((128, y.shape[1]), nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(x.shape[0] // 64):
+                s = nl.ndarray((64, 128), nl.float32)
+                s[...] = nl.load(x[k * 64:(k + 1) * 64, m * 128:(m + 1) * 128])
+                nisa.nc_matmul(acc, s, nl.load(y[k * 64:(k + 1) * 64, :]))
+            r = nl.ndarray((128, y.shape[1]), nl.float32)
+            nisa.activation(r, nl.relu, acc, scale=0.5)
+            nl.store(out[m * 128:(m + 1) * 128, :], value=r)
+        return out
+
+    x, y = torch.randn(192, 256), torch.randn(192, 96)
+    out = kernel(x.to("neuron"), y.to("neuron")).cpu()
+    torch.testing.assert_close(out, torch.relu(x.T @ y * 0.5), rtol=1e-4, atol=1e-4)
+    assert plan_of(kernel).unbatchable == frozenset()
