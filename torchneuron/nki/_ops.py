@@ -113,9 +113,10 @@ def make_result(values, dtype, what, mask=None, buffer=sbuf):
     shape = tile_shape(values)
     check_partitions(shape, what)
     if mask is not None:
-        keep = torch.from_numpy(np.array(np.broadcast_to(mask.values if isinstance(mask, IndexExpr)
-                                                                      else mask, shape))).to(values.device)
-        values = torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
+        keep = np.broadcast_to(mask.concrete() if isinstance(mask, IndexExpr) else mask, shape)
+        if not keep.all():
+            values = torch.where(torch.from_numpy(np.array(keep)), values,
+                                 torch.zeros((), dtype=values.dtype))
     values = values.to(dtype)
     return new_tile(shape, dtype, buffer, name=f"result of {what}", data=values, written=True)
 
@@ -136,7 +137,7 @@ def record(engine, what, shape, dtype=torch.float32, **extra):
         ctx.cost.instruction(engine, what, shape, dtype, **extra)
 
 
-def dst_write(dst, values, what, mask=None):
+def dst_write(dst, values, what, mask=None, fresh=False):
     """Writes an instruction's result into its destination tile (ISA style)."""
     if not isinstance(dst, NkiTensor):
         raise NKIError("operand", f"{what}: dst must be a tile, got {type(dst).__name__}")
@@ -148,7 +149,7 @@ def dst_write(dst, values, what, mask=None):
             raise NKIError("shape-mismatch", f"{what}: the result has shape {tile_shape(values)} but dst is "
                            f"{dst.describe()}")
         values = values.reshape(list(values.shape[:n]) + list(dst.shape))
-    dst.write(values, mask=mask, what=what)
+    dst.write(values, mask=mask, what=what, fresh=fresh)
 
 
 def in_psum(t):

@@ -397,6 +397,8 @@ class NkiTensor:
             if m is not None and not inside[m].all():
                 raise NKIError("out-of-bounds", f"an access to {self.describe()} reaches outside it at positions "
                                "the mask keeps")
+        if m is not None and m.all():  # a mask that keeps everything (a full tile) costs nothing
+            return None
         return m
 
     def _torch_key(self):
@@ -417,8 +419,12 @@ class NkiTensor:
                                 torch.zeros((), dtype=value.dtype, device=value.device))
         return value
 
-    def write(self, value, mask=None, what="write"):
-        """Stores ``value`` (a torch tensor aligned to the current loop frame, or a Python scalar)."""
+    def write(self, value, mask=None, what="write", fresh=False):
+        """Stores ``value`` (a torch tensor aligned to the current loop frame, or a Python scalar).
+
+        ``fresh``: the caller made ``value`` and holds no other reference to its memory, so a
+        whole-tile write may adopt it instead of copying.
+        """
         if self.alloc.is_input and not self.alloc.mutable:
             raise NKIError("immutable-input", f"{what}: the kernel writes to its input {self.alloc.name!r}, which it "
                            "does not declare mutable (nki.jit(mutates_args=...) or nki_op(mutates_args=...))")
@@ -453,7 +459,10 @@ class NkiTensor:
                 value = torch.full(self.shape, value, dtype=self.data.dtype)
             target.copy_(torch.where(torch.from_numpy(np.array(m)), value, target))
         elif self.key is None:
-            if isinstance(value, torch.Tensor):
+            if fresh and target is self.data and not self.alloc.viewed and self.buffer.on_chip and \
+                    value.shape == target.shape and (value._base is None or value._base.shape == value.shape):
+                self.data = value  # adopt: the value becomes the tile
+            elif isinstance(value, torch.Tensor):
                 target.copy_(value)
             else:
                 target.fill_(value)
@@ -527,6 +536,7 @@ class NkiTensor:
             raise NKIError("reshape", f"{self.describe()}: an indexed access cannot be reshaped; reshape the tensor")
         try:
             lead = list(self.data.shape[:len(self.batch)])
+            self.alloc.viewed = True
             return NkiTensor(self.data.view(lead + list(shape)), self.buffer, self.alloc, batch=self.batch)
         except RuntimeError as e:
             raise NKIError("reshape", f"cannot reshape {self.describe()} to {shape}: {e}") from None

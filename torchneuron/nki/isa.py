@@ -167,7 +167,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         product = _batched_product(s, m, dst, is_transpose, accumulate)
         if add:
             product = dst.read(what="nisa.nc_matmul accumulate") + product
-        dst.write(product, what="nisa.nc_matmul")
+        dst.write(product, what="nisa.nc_matmul", fresh=True)
     groups.add(region)
 
 
@@ -237,7 +237,7 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kwargs):
     _check_not_both_psum("nisa.tensor_tensor", data1, data2)
     out = wrap_torch_errors("nisa.tensor_tensor", _torch_op(op, "nisa.tensor_tensor"), compute(a), compute(b))
     record(_engine_name(engine, "vector"), "tensor_tensor", dst.shape, dst.dtype)
-    dst_write(dst, out, "nisa.tensor_tensor")
+    dst_write(dst, out, "nisa.tensor_tensor", fresh=True)
 
 
 def _scalar_operand(x, what, partitions):
@@ -269,7 +269,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         out = wrap_torch_errors("nisa.tensor_scalar", _apply, _torch_op(op1, "nisa.tensor_scalar op1"), out, o1,
                                 reverse1)
     record(_engine_name(engine, "vector"), "tensor_scalar", dst.shape, dst.dtype)
-    dst_write(dst, out, "nisa.tensor_scalar")
+    dst_write(dst, out, "nisa.tensor_scalar", fresh=True)
 
 
 _REDUCE = {"add": torch.sum, "sum": torch.sum, "maximum": torch.amax, "max": torch.amax, "minimum": torch.amin,
@@ -295,7 +295,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, 
     if negate:
         out = -out
     record("vector", "tensor_reduce", data.shape, dst.dtype)
-    dst_write(dst, out, "nisa.tensor_reduce")
+    dst_write(dst, out, "nisa.tensor_reduce", fresh=True)
 
 
 def _reduce_into(out, cmd, reduce_res, what):
@@ -325,7 +325,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         x = x + _scalar_operand(bias, "nisa.activation bias", p)
     out = wrap_torch_errors("nisa.activation", _torch_op(op, "nisa.activation"), x)
     record("scalar", "activation", dst.shape, dst.dtype)
-    dst_write(dst, out, "nisa.activation")
+    dst_write(dst, out, "nisa.activation", fresh=True)
     if reduce_op is not None or reduce_res is not None:
         if reduce_op is not None and getattr(reduce_op, "__name__", "") not in ("add", "sum"):
             raise NKIError("reduce-op", "nisa.activation: reduce_op must be nl.add")
@@ -344,7 +344,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
     v = compute(_tile(src, "nisa.exponential"))
     out = torch.exp(v - _scalar_operand(max_value, "nisa.exponential max_value", src.shape[0]))
     record("vector", "exponential", dst.shape, dst.dtype)
-    dst_write(dst, out, "nisa.exponential")
+    dst_write(dst, out, "nisa.exponential", fresh=True)
     if reduce_res is not None:
         n = lead()
         total = out.reshape(list(out.shape[:n]) + [out.shape[n], -1]).sum(dim=-1, keepdim=True) + reduce_init
@@ -354,7 +354,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
 def reciprocal(dst, data, name=None, **kwargs):
     v = compute(_tile(data, "nisa.reciprocal"))
     record("vector", "reciprocal", dst.shape, dst.dtype)
-    dst_write(dst, torch.reciprocal(v), "nisa.reciprocal")
+    dst_write(dst, torch.reciprocal(v), "nisa.reciprocal", fresh=True)
 
 
 def _affine_values(shape, pattern, offset, channel_multiplier, what):
