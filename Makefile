@@ -38,6 +38,7 @@ bench: build
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/compile.py
+	$(PY) benchmarks/nki.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

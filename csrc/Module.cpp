@@ -56,6 +56,7 @@ PYBIND11_MODULE(_C, m) {
     d["device_memory_bytes"] = c.device_memory_bytes;
     d["launch_blocking"] = c.launch_blocking;
     d["compile_strict"] = c.compile_strict;
+    d["nki_batch"] = c.nki_batch;
     d["log_level"] = c.log_level;
     d["error"] = c.error;
     return d;

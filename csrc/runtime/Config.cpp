@@ -52,6 +52,8 @@ Config parse() {
     c.launch_blocking = !blocking.empty() && blocking != "0";
     std::string strict = env("TORCHNEURON_COMPILE_STRICT");
     c.compile_strict = !strict.empty() && strict != "0";
+    std::string nki_batch = env("TORCHNEURON_NKI_BATCH");
+    c.nki_batch = nki_batch.empty() || nki_batch != "0";
 
     std::string threads = env("TORCHNEURON_WORKER_THREADS");
     if (!threads.empty()) {

@@ -13,6 +13,7 @@ struct Config {
   size_t device_memory_bytes = 0;   // per device; 0 = derive from platform and host RAM
   bool launch_blocking = false;     // NEURON_LAUNCH_BLOCKING
   bool compile_strict = false;       // TORCHNEURON_COMPILE_STRICT: a graph that fails to compile raises
+  bool nki_batch = true;            // TORCHNEURON_NKI_BATCH: NKI affine_range loops and grids may run batched
   int log_level = 0;                // TORCHNEURON_LOG_LEVEL (0 = silent)
   int worker_threads = 0;           // TORCHNEURON_WORKER_THREADS: intra-op threads per worker (0: torch's)
   std::string error;                // non-empty when the environment is invalid

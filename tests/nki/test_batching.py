@@ -7,6 +7,7 @@ import torch
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
+from torchneuron.nki import _kernel
 from tests.nki.test_isa import tiled_matmul
 from tests.nki.test_language import add_spmd, rand
 
@@ -17,11 +18,11 @@ def plan_of(kernel):
 
 
 def sequential(kernel, *args, monkeypatch):
-    monkeypatch.setenv("TORCHNEURON_NKI_BATCH", "0")
+    monkeypatch.setattr(_kernel, "BATCHING", False)  # as TORCHNEURON_NKI_BATCH=0 does
     fresh = nki.jit(kernel.fn)[kernel.grid] if kernel.grid else nki.jit(kernel.fn)
     out = fresh(*args)
     assert plan_of(fresh).unbatchable is None
-    monkeypatch.delenv("TORCHNEURON_NKI_BATCH")
+    monkeypatch.undo()
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from torchneuron import _C
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._cost import CostRecorder
@@ -202,7 +203,6 @@ class Kernel:
         return self._simulate(arguments, tensors)
 
     def _launch(self, arguments, tensors):
-        from torchneuron import _C
         plan, _ = self.check(arguments)
         device = next(iter(tensors.values())).device
         outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.outputs]
@@ -236,9 +236,12 @@ def _stand_in(v):
     return _context.scratch([int(n) for n in v.shape], v.dtype, [int(s) for s in v.stride()])
 
 
+# TORCHNEURON_NKI_BATCH (parsed with the other settings in the runtime's Config).
+BATCHING = bool(_C._config()["nki_batch"])
+
+
 def _batching_enabled():
-    import os
-    return os.environ.get("TORCHNEURON_NKI_BATCH", "1") != "0"
+    return BATCHING
 
 
 def _agree(expected, got):
