@@ -117,13 +117,17 @@ PYBIND11_MODULE(_C, m) {
   // host code as a device task (NKI kernels): fn(views) runs on the stream's
   // worker with the GIL, so callers must not wait for the device holding it.
   m.def("_enqueue_host_task", [](const std::string& name, const std::vector<at::Tensor>& tensors, py::function fn) {
-    // The worker may drop the last reference: do it under the GIL.
+    // The worker may drop the last reference: do it under the GIL, unless the interpreter is
+    // finalizing (acquiring the GIL then ends the thread), in which case the function leaks.
     std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+      if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
       py::gil_scoped_acquire gil;
       delete f;
     });
     py::gil_scoped_release no_gil;
     return aten::enqueue_host_task(name, tensors, [held](const std::vector<at::Tensor>& views) {
+      if (!Py_IsInitialized() || _Py_IsFinalizing())
+        throw std::runtime_error("the Python interpreter is shutting down; the kernel did not run");
       py::gil_scoped_acquire gil;
       try {
         (*held)(views);

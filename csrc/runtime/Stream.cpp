@@ -3,6 +3,7 @@
 #include <array>
 #include <chrono>
 #include <memory>
+#include <cxxabi.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,7 +45,13 @@ uint64_t Stream::enqueue(Task task) {
   return seq;
 }
 
+namespace {
+// The stream whose worker this thread is (nullptr on host threads).
+thread_local const Stream* t_worker_of = nullptr;
+}  // namespace
+
 void Stream::run() {
+  t_worker_of = this;
   if (auto hook = g_worker_start_hook.load()) hook();
   for (;;) {
     Task task;
@@ -64,6 +71,8 @@ void Stream::run() {
     }
     try {
       task();
+    } catch (abi::__forced_unwind&) {
+      throw;  // the thread is being cancelled (e.g. it asked for the GIL during interpreter exit)
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) {
@@ -84,6 +93,10 @@ void Stream::run() {
 
 void Stream::wait_until(uint64_t seq) const {
   if (completed_.load(std::memory_order_acquire) >= seq) return;
+  if (t_worker_of == this)  // e.g. a kernel body (host code run as a task) reading device data
+    throw std::logic_error("a task of neuron stream " + std::to_string(id_) + " on device " + std::to_string(device_) +
+                           " waits for its own stream, which would never finish: device tasks cannot synchronize "
+                           "with the device");
   auto spin_until = std::chrono::steady_clock::now() + kHostSpin;
   while (std::chrono::steady_clock::now() < spin_until) {
     if (completed_.load(std::memory_order_acquire) >= seq) return;

@@ -121,3 +121,62 @@ def test_nested_batched_loops_with_psum_and_a_masked_ragged_tile_on_the_device()
     out = kernel(x.to("neuron"), y.to("neuron")).cpu()
     torch.testing.assert_close(out, torch.relu(x.T @ y * 0.5), rtol=1e-4, atol=1e-4)
     assert plan_of(kernel).unbatchable == frozenset()
+
+
+def test_a_psum_tile_made_in_a_batched_loop_accumulates_across_a_sequential_one():
+    @nki.jit
+    def kernel(a, b):
+        out = nl.ndarray((4, 32, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            ps = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.sequential_range(2):
+                nisa.nc_matmul(ps, nl.load(a[k]), nl.load(b[i, k]))
+            nl.store(out[i], value=nl.copy(ps))
+        return out
+
+    a, b = rand(2, 8, 32), rand(4, 2, 8, 16)
+    ref = np.einsum("kxm,ikxn->imn", a.astype(np.float64), b)
+    np.testing.assert_allclose(kernel(a, b), ref, rtol=1e-5, atol=1e-5)
+    assert plan_of(kernel).unbatchable == frozenset()
+
+
+def test_loop_dependent_reads_of_a_loop_invariant_tile_are_per_iteration():
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((4, 128, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            t = nl.load(x)                               # the same in every iteration
+            r = t.reshape((128, 4))
+            nl.store(out[i], value=r[:, i:i + 1])        # ... read at an offset that moves with i
+        return out
+
+    x = np.arange(512, dtype=np.int32).reshape(128, 4)
+    np.testing.assert_array_equal(kernel(x)[:, :, 0], x.T)
+
+
+def test_kernels_that_write_part_of_an_output_still_batch():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((4, 128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            nl.store(out[i, :, 0:4], value=nl.load(a[i]))  # columns 4..7 are never written
+        return out
+
+    a = rand(4, 128, 4)
+    np.testing.assert_array_equal(kernel(a)[:, :, :4], a)
+    assert plan_of(kernel).unbatchable == frozenset()
+
+
+def test_aliased_mutable_arguments_are_not_batched():
+    @nki.jit(mutates_args=("dst",))
+    def shift(src, dst):
+        for i in nl.affine_range(3):
+            nl.store(dst[:, i + 1:i + 2], value=nl.load(src[:, i:i + 1]))
+
+    a = np.arange(8, dtype=np.float32).reshape(2, 4).repeat(64, axis=0)
+    expected = a.copy()
+    for i in range(3):
+        expected[:, i + 1] = expected[:, i]
+    shift(a, a)
+    np.testing.assert_array_equal(a, expected)
+    assert plan_of(shift).unbatchable is None

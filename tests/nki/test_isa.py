@@ -239,3 +239,70 @@ def test_alu_ops_accept_nl_functions_and_numpy_ufuncs(op):
     a, b = rand(16, 16), rand(16, 16)
     ref = np.maximum(a, b) if op is nl.maximum else a + b
     np.testing.assert_allclose(run(kernel, a, b), ref)
+
+
+def test_nc_matmul_is_transpose_transposes_the_stationary_operand():
+    @nki.jit
+    def kernel(a, eye):
+        out = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a)                                   # [128, 64]
+        p = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(p, x, nl.load(eye), is_transpose=True)
+        nisa.memset(x, 0.0)                              # the PSUM result does not share x's memory
+        nl.store(out, value=nl.copy(p))
+        return out
+
+    a = rand(128, 64)
+    np.testing.assert_array_equal(run(kernel, a, np.eye(128, dtype=np.float32)), a.T)
+
+
+def test_psum_groups_close_on_eviction_by_assignment_and_on_overwrite():
+    @nki.jit
+    def kernel(x, y):
+        out = nl.ndarray((3, 32, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        ps = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.psum)
+        sb = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.sbuf)
+        s, m = nl.load(x), nl.load(y)
+        for i in nl.sequential_range(2):
+            nisa.nc_matmul(ps, s, m)
+            sb[...] = ps                                # eviction by tile assignment ends the group
+            nl.store(out[i], value=sb)
+        ps[...] = 5.0                                   # an overwrite ends it too
+        nisa.nc_matmul(ps, s, m)
+        nl.store(out[2], value=nl.copy(ps))
+        return out
+
+    x, y = rand(8, 32), rand(8, 16)
+    ref = x.T.astype(np.float64) @ y
+    out = run(kernel, x, y)
+    for i in range(3):
+        np.testing.assert_allclose(out[i], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_identity_results_do_not_alias_their_input():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.load(a)
+        y = nl.identity(x)
+        nisa.memset(x, 0.0)
+        nl.store(out, value=y)
+        return out
+
+    a = rand(16, 8)
+    np.testing.assert_array_equal(run(kernel, a), a)
+
+
+def test_partition_operands_broadcast_along_every_free_dim():
+    @nki.jit
+    def kernel(a, s):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(t, nl.load(a), nl.multiply, nl.load(s))
+        u = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.activation(u, nl.copy, t, bias=nl.load(s))
+        nl.store(out, value=u)
+        return out
+
+    a, s = rand(128, 128, 2), rand(128, 1)
+    np.testing.assert_allclose(run(kernel, a, s), a * s[:, :, None] + s[:, :, None], rtol=1e-6)

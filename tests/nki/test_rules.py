@@ -105,6 +105,20 @@ def matmul_dst_in_sbuf(a, b, out):
     nisa.nc_matmul(s, nl.load(a[0:128, 0:128]), nl.load(b[0:128, 0:64]))
 
 
+def reshape_partitions(a, b, out):
+    nl.load(a[0:128, 0:128]).reshape((256, 64))
+
+
+def copy_across_partitions(a, b, out):
+    d = nl.ndarray((64, 256), nl.float32)
+    nisa.tensor_copy(d, nl.load(a[0:128, 0:128]))
+
+
+def int_matmul_dst(a, b, out):
+    p = nl.ndarray((128, 64), nl.int32, buffer=nl.psum)
+    nisa.nc_matmul(p, nl.load(a[0:128, 0:128]), nl.load(b[0:128, 0:64]))
+
+
 CASES = {
     "partition-dim": p_too_big, "matmul-stationary-fmax": stationary_too_big,
     "matmul-moving-fmax": moving_too_big, "matmul-contraction": contraction_mismatch, "psum-bank": psum_bank,
@@ -113,6 +127,7 @@ CASES = {
     "undefined-tile": undefined_tile, "shape-mismatch": shape_mismatch, "loop-bounds": loop_bound_not_constant,
     "data-dependent-control-flow": data_dependent_branch, "reduce-partition": reduce_partition_axis,
     "out-of-bounds": out_of_bounds, "dma-psum": dma_to_psum, "matmul-dst-in-psum": matmul_dst_in_sbuf,
+    "reshape": reshape_partitions, "matmul-dtype": int_matmul_dst,
 }
 
 
@@ -184,3 +199,40 @@ def test_argument_errors():
         kernel(np.zeros((128, 4), np.float32), np.zeros((128, 8), np.float32))
     with pytest.raises(nki.NKIError, match="kernel-return"):
         nki.simulate(lambda a: nl.load(a))(np.zeros((2, 2), np.float32))
+
+
+def test_tile_assignment_with_an_index_expression_key():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((128, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.zeros((128, 4), nl.float32)
+        t[nl.arange(128)[:, None], nl.arange(2)[None, :]] = nl.load(a[:, 0:2])
+        nl.store(out, value=t)
+        return out
+
+    a = np.ones((128, 4), np.float32)
+    np.testing.assert_array_equal(nki.simulate(kernel)(a), np.concatenate([a[:, :2], 0 * a[:, 2:]], axis=1))
+
+
+def test_returning_part_of_an_input_is_an_error():
+    with pytest.raises(nki.NKIError, match="kernel-return"):
+        nki.simulate(lambda a: a[0:64])(np.zeros((128, 4), np.float32))
+
+
+def test_platform_target_option_selects_the_limits():
+    def big_tile(a):
+        t = nl.ndarray((128, 60 * 1024), nl.float32)
+        t[...] = 0
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=t[:, 0:8])
+        return out
+
+    a = np.zeros((128, 8), np.float32)
+    with pytest.raises(nki.NKIError, match="sbuf-capacity"):
+        nki.jit(big_tile, platform_target="trn2")(a)
+    np.testing.assert_array_equal(nki.jit(big_tile, platform_target="trn3")(a), 0)
+
+
+def test_isa_destinations_keep_the_partition_layout():
+    with pytest.raises(nki.NKIError, match="shape-mismatch"):
+        kernel_of(copy_across_partitions)(torch.randn(256, 256), torch.randn(256, 256))

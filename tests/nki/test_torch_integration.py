@@ -154,3 +154,33 @@ def test_kernel_plans_are_cached_per_signature():
     assert len(k._plans) == 1
     k(np.zeros((4, 8), np.float32))
     assert len(k._plans) == 2
+
+
+def test_nki_op_schema_follows_the_kernels_own_mutable_arguments():
+    @nki.jit(mutates_args=("x",))
+    def inc(x):
+        nl.store(x, value=nl.load(x) + 1)
+
+    op = torchneuron.nki_op("nki_test::inc")(inc)
+    assert str(op._opoverload._schema) == "nki_test::inc(Tensor(a!) x) -> ()"
+    t = torch.zeros(4, 4, device="neuron")
+    op(t)
+    torch.testing.assert_close(t.cpu(), torch.ones(4, 4))
+
+
+def test_a_kernel_that_waits_for_the_device_fails_instead_of_hanging():
+    g = torch.ones(3, device="neuron")
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        scale = float(g.sum())          # host code reading device data from inside a device task
+        nl.store(out, value=nl.load(a) * scale)
+        return out
+
+    a = torch.ones(4, 4, device="neuron")
+    out = kernel(a)                     # the check pass runs on the host, where this is fine
+    with pytest.raises(RuntimeError, match="waits for its own stream"):
+        torch.neuron.synchronize()
+    torch.testing.assert_close((a + 1).cpu(), torch.full((4, 4), 2.0))  # the stream stays usable
+    del out

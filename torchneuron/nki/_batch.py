@@ -109,6 +109,3 @@ class Affine:
 def simplify(x):
     return x.const if isinstance(x, Affine) and not x.coeffs else x
 
-
-def loops_of(x):
-    return x.coeffs.keys() if isinstance(x, Affine) else ()

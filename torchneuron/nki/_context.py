@@ -1,7 +1,7 @@
 """The state of one kernel call: which pass is running, on which platform, and what is allocated.
 
-A call runs the kernel body twice. The *check* pass runs it on scratch host tensors filled with
-ones (the first call of each argument signature only; its plan is cached): every rule is
+A call runs the kernel body twice. The *check* pass runs it on scratch host tensors (random
+values; the first call of each argument signature only; its plan is cached): every rule is
 checked and the output declarations and the cost model's counts are collected, so a broken
 kernel fails before any real data is written. The *run* pass executes the same body on the real
 data (host views of device memory when the call targets a neuron device). Kernel control flow
@@ -53,6 +53,8 @@ class CallContext:
     platform: Platform
     checking: bool                      # True: the check pass on scratch tensors
     trial: bool = False                 # True: a batching trial on scratch tensors (see _kernel)
+    batchable: bool = False             # the check pass met an affine_range or grid that could batch
+    reduce_regs: object = None          # the scalar engine's accumulation registers (nisa.activation)
     grid: tuple = ()
     program: tuple = ()
     outputs: list = field(default_factory=list)         # shared_hbm tensors, in allocation order
@@ -144,12 +146,14 @@ _scratch_generator = torch.Generator().manual_seed(0)
 
 
 def scratch(shape, dtype, stride=None):
-    """Check-pass stand-in data: random floats (so batched and sequential runs can be compared),
-    integers 1 (so integer division stays defined)."""
+    """Check-pass stand-in data: random values (so batched and sequential runs can be compared);
+    integers from 1 to 7, so integer division stays defined."""
     t = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype) if stride is not None else \
         torch.empty(tuple(shape), dtype=dtype)
     if dtype.is_floating_point and dtype.itemsize > 1:
         return t.normal_(generator=_scratch_generator)
     if dtype.is_floating_point:  # float8: no random kernel
         return t.copy_(torch.randn(t.shape, generator=_scratch_generator))
-    return t.fill_(1)
+    if dtype == torch.bool:
+        return t.fill_(True)
+    return t.copy_(torch.randint(1, 8, t.shape, generator=_scratch_generator))

@@ -33,7 +33,7 @@ class CostRecorder:
 
     def instruction(self, engine, what, shape, dtype, matmul=None, src=None, dst=None, passes=1):
         shape = tuple(shape)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         self.instructions[engine] += 1
         if engine == "dma":
             nbytes = math.prod(shape) * itemsize

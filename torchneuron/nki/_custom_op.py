@@ -6,8 +6,10 @@ simulator on CPU tensors); its fake implementation runs only the kernel's check 
 a graph break. Autograd works through ``op.register_autograd`` with backward kernels.
 """
 
+import ast
 import inspect
 import itertools
+import textwrap
 import re
 import typing
 
@@ -53,6 +55,18 @@ def _default(value):
     return "None" if value is None else str(value)
 
 
+def _returns_a_value(fn) -> bool:
+    """Whether ``fn``'s source has a ``return <value>`` (True when the source is unavailable)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    body = tree.body[0]
+    nested = {id(n) for node in ast.walk(body) if node is not body and
+              isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for n in ast.walk(node)}
+    return any(isinstance(n, ast.Return) and n.value is not None and id(n) not in nested for n in ast.walk(body))
+
+
 def infer_schema(kernel: Kernel, mutates_args) -> str:
     """An operator schema from the kernel's signature: tensors without defaults, scalars from defaults."""
     parts, letters = [], iter("abcdefghijklmnopqrstuvwxyz")
@@ -69,6 +83,8 @@ def infer_schema(kernel: Kernel, mutates_args) -> str:
         default = "" if param.default is inspect.Parameter.empty else "=" + _default(param.default)
         parts.append(f"{kind} {param.name}{default}")
     ret = hints.get("return", inspect.Parameter.empty)
+    if ret is inspect.Parameter.empty and not _returns_a_value(kernel.fn):
+        ret = None
     if ret is None or ret is type(None):
         returns = "()"
     elif typing.get_origin(ret) is tuple:
@@ -88,11 +104,12 @@ def nki_op(name: str, mutates_args=(), *, schema: str | None = None):
 
     def decorator(kernel):
         if isinstance(kernel, Kernel):
-            kernel = Kernel(kernel.fn, tuple(set(kernel.mutates_args) | set(mutates_args)), kernel.grid,
-                            kernel._plans)
+            kernel = Kernel(kernel.fn, tuple(dict.fromkeys(kernel.mutates_args + mutates_args)), kernel.grid,
+                            kernel._plans, kernel.platform_target)
         else:
             kernel = jit(kernel, mutates_args=mutates_args)
-        op_schema = schema or infer_schema(kernel, mutates_args)
+        mutated = kernel.mutates_args  # the decorator's and the kernel's own
+        op_schema = schema or infer_schema(kernel, mutated)
         returns_nothing = op_schema.rstrip().endswith("-> ()")
         names = list(kernel.signature.parameters)
 
@@ -100,7 +117,7 @@ def nki_op(name: str, mutates_args=(), *, schema: str | None = None):
             out = kernel(*args)
             return None if returns_nothing else out
 
-        op = torch.library.custom_op(name, impl, mutates_args=mutates_args, schema=op_schema)
+        op = torch.library.custom_op(name, impl, mutates_args=mutated, schema=op_schema)
 
         @op.register_fake
         def fake(*args):

@@ -46,11 +46,12 @@ def _is_array(x):
 class Kernel:
     """A kernel function made callable on tensors; ``kernel[g0, g1]`` launches an SPMD grid."""
 
-    def __init__(self, fn, mutates_args=(), grid=(), plans=None):
+    def __init__(self, fn, mutates_args=(), grid=(), plans=None, platform_target=None):
         if isinstance(mutates_args, str):
             mutates_args = (mutates_args,)
         self.fn = fn
         self.grid = grid
+        self.platform_target = platform_target  # None: NEURON_PLATFORM_TARGET_OVERRIDE's
         self.mutates_args = tuple(mutates_args)
         self.signature = inspect.signature(fn)
         unknown = set(self.mutates_args) - set(self.signature.parameters)
@@ -67,7 +68,7 @@ class Kernel:
         grid = grid if isinstance(grid, tuple) else (grid,)
         if not grid or any(not isinstance(g, (int, np.integer)) or g < 1 for g in grid):
             raise ValueError(f"{self.fn.__name__}[{grid}]: an SPMD grid is one or more positive integers")
-        return Kernel(self.fn, self.mutates_args, tuple(int(g) for g in grid), self._plans)
+        return Kernel(self.fn, self.mutates_args, tuple(int(g) for g in grid), self._plans, self.platform_target)
 
     # -- the two passes ---------------------------------------------------------------------------
     def _bind(self, args, kwargs):
@@ -85,6 +86,7 @@ class Kernel:
             wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True,
                                                           mutable=name in self.mutates_args))
         inputs = {id(w.alloc): name for name, w in wrapped.items() if name in tensors}
+        self._input_views = {name: wrapped[name].data for name in tensors}
         result = None
         with _context.active(ctx):
             if ctx.batching and self.grid and "grid" not in ctx.unbatchable:
@@ -108,7 +110,11 @@ class Kernel:
             return type(value)(self._structure(v, ctx, inputs) for v in value)
         if isinstance(value, NkiTensor):
             if value.key is None and id(value.alloc) in inputs:
-                return ("in", inputs[id(value.alloc)])
+                name = inputs[id(value.alloc)]
+                if value.data is not self._input_views[name]:
+                    raise NKIError("kernel-return", f"{self.fn.__name__} returns part of its input {name!r}; a "
+                                   "kernel returns whole tensors")
+                return ("in", name)
             for i, out in enumerate(ctx.outputs):
                 if out.alloc is value.alloc and value.shape == out.shape:
                     return ("out", i)
@@ -122,9 +128,11 @@ class Kernel:
         tensors = {n: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                    for n, v in arguments.items() if _is_array(v)}
         key = None
+        target = target or self.platform_target
+        aliases = _aliases(tensors)
         if not cost:
             try:
-                key = (self.grid, target, tuple(
+                key = (self.grid, target, self.mutates_args, aliases, tuple(
                     (n, tuple(v.shape), tuple(v.stride()), v.dtype)
                     if isinstance(v, torch.Tensor) else (n, v) for n, v in {**arguments, **tensors}.items()))
                 plan = self._plans.get(key)
@@ -137,16 +145,23 @@ class Kernel:
         ctx = _context.CallContext(_context.Platform.named(target), checking=True, grid=self.grid)
         if cost:
             ctx.cost = CostRecorder(ctx.platform)
+        ctx.batchable = any(g > 1 for g in self.grid)
         returns = self._run(arguments, ctx, stand_ins)
         plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns, ctx.sbuf_peak, ctx.psum_peak)
         if not cost:
             expected = [t.data for t in ctx.outputs] + [stand_ins[n] for n in self.mutates_args if n in stand_ins]
-            plan.unbatchable, plan.batching_note = self._choose_batching(arguments, pristine, plan, expected)
+            if not ctx.batchable:
+                plan.unbatchable, plan.batching_note = frozenset(), "nothing to batch"
+            elif any(set(group) & set(self.mutates_args) for group in aliases):
+                plan.unbatchable, plan.batching_note = None, "not batched: a mutable argument aliases another"
+            else:
+                plan.unbatchable, plan.batching_note = self._choose_batching(arguments, pristine, plan, expected,
+                                                                             target)
         if key is not None:
             self._plans[key] = plan
         return plan, ctx.cost
 
-    def _choose_batching(self, arguments, pristine, plan, expected):
+    def _choose_batching(self, arguments, pristine, plan, expected, target):
         """Which affine_range loops (and grid) run batched: trial runs on the check pass's data,
         dropping the loops that cannot be batched, until one runs and matches the sequential result."""
         if not _batching_enabled():
@@ -154,8 +169,8 @@ class Kernel:
         unbatchable = set()
         for _ in range(32):
             inputs = {n: v.clone() for n, v in pristine.items()}
-            outputs = [_context.scratch(shape, dtype) for shape, dtype in plan.outputs]
-            ctx = _context.CallContext(_context.Platform.named(), checking=False, grid=self.grid,
+            outputs = [_filled(shape, dtype) for shape, dtype in plan.outputs]  # as the check pass's
+            ctx = _context.CallContext(_context.Platform.named(target), checking=False, grid=self.grid,
                                        batching=True, trial=True, unbatchable=set(unbatchable))
             ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(outputs)]
             ctx.preset_outputs = outputs
@@ -178,7 +193,7 @@ class Kernel:
 
     def execute(self, arguments, plan, host_tensors, output_buffers):
         """The run pass on host tensors; ``output_buffers`` receive the declared shared_hbm tensors."""
-        ctx = _context.CallContext(_context.Platform.named(), checking=False, grid=self.grid,
+        ctx = _context.CallContext(_context.Platform.named(self.platform_target), checking=False, grid=self.grid,
                                    batching=plan.unbatchable is not None, unbatchable=set(plan.unbatchable or ()))
         ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(output_buffers)]
         ctx.preset_outputs = output_buffers
@@ -203,6 +218,9 @@ class Kernel:
         return self._simulate(arguments, tensors)
 
     def _launch(self, arguments, tensors):
+        if _closing:
+            raise RuntimeError(f"{self.fn.__name__}: the interpreter is shutting down; kernels can no longer run "
+                               "on the device")
         plan, _ = self.check(arguments)
         device = next(iter(tensors.values())).device
         outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.outputs]
@@ -255,6 +273,18 @@ def _agree(expected, got):
     return torch.allclose(g, e, rtol=tol, atol=tol * max(scale, 1.0), equal_nan=True)
 
 
+def _aliases(tensors):
+    """Groups of argument names whose tensors share memory (aliasing changes what a kernel does)."""
+    by_storage = {}
+    for name, t in tensors.items():
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except RuntimeError:  # a fake tensor (tracing): no memory to share
+            continue
+        by_storage.setdefault(ptr, []).append(name)
+    return tuple(tuple(g) for g in by_storage.values() if len(g) > 1)
+
+
 def _filled(shape, dtype):
     """Simulated outputs start as NaN (floats) or 4 (integers), as NKI's simulator fills them."""
     return torch.full(shape, float("nan") if dtype.is_floating_point else 4, dtype=dtype)
@@ -277,6 +307,7 @@ def _restructure(returns, outputs, inputs):
 
 
 _exit_hook_installed = False
+_closing = False
 
 
 def _tasks_enqueued():
@@ -289,6 +320,8 @@ def _tasks_enqueued():
 
 
 def _drain_devices():
+    global _closing
+    _closing = True
     try:
         for d in range(torch.neuron.device_count()):
             torch.neuron.synchronize(d)
@@ -310,4 +343,4 @@ def jit(fn=None, *, mode="auto", mutates_args=(), **options):
         return lambda f: jit(f, mode=mode, mutates_args=mutates_args, **options)
     if isinstance(fn, Kernel):
         return fn
-    return Kernel(fn, mutates_args)
+    return Kernel(fn, mutates_args, platform_target=options.get("platform_target"))

@@ -31,7 +31,6 @@ def operand(x, what):
     """A tile's values (as a torch tensor) or a Python scalar, checked for use in compute."""
     if isinstance(x, NkiTensor):
         x._check_on_chip(what)
-        end_accumulation(x)
         return x.read(what=what)
     if isinstance(x, (bool, int, float, np.number)):
         return x
@@ -142,21 +141,12 @@ def dst_write(dst, values, what, mask=None, fresh=False):
     if not isinstance(dst, NkiTensor):
         raise NKIError("operand", f"{what}: dst must be a tile, got {type(dst).__name__}")
     dst._check_on_chip(what)
-    end_accumulation(dst)
     if isinstance(values, torch.Tensor) and tile_shape(values) != dst.shape:
         n = lead()
-        if int(np.prod(values.shape[n:])) != int(np.prod(dst.shape)):
+        got = tile_shape(values)
+        if got[:1] != dst.shape[:1] or int(np.prod(got)) != int(np.prod(dst.shape)):
             raise NKIError("shape-mismatch", f"{what}: the result has shape {tile_shape(values)} but dst is "
                            f"{dst.describe()}")
         values = values.reshape(list(values.shape[:n]) + list(dst.shape))
     dst.write(values, mask=mask, what=what, fresh=fresh)
 
-
-def in_psum(t):
-    return isinstance(t, NkiTensor) and t.buffer is psum
-
-
-def end_accumulation(t):
-    """Reading a PSUM tile (eviction) or overwriting it closes its matmul accumulation groups."""
-    if t.buffer is psum and t.alloc.groups:
-        t.alloc.groups.clear()

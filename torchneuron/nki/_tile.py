@@ -263,8 +263,10 @@ def _basic_view(t, key):
         k = Affine.of(k)
         offset += k.const * stride
         for loop, c in k.coeffs.items():
-            batch_strides[loop] = batch_strides.get(loop, 0) + c * stride
-            batch_sizes.setdefault(loop, ctx.loop_sizes[loop])
+            if batch_sizes.get(loop, 1) == 1:  # the same data in every iteration, read at moving offsets
+                batch_sizes[loop], batch_strides[loop] = ctx.loop_sizes[loop], c * stride
+            else:
+                batch_strides[loop] += c * stride
     loops = sorted(batch_strides)
     data = t.data.as_strided([batch_sizes[b] for b in loops] + tile_sizes,
                              [batch_strides[b] for b in loops] + tile_strides, offset)
@@ -312,6 +314,8 @@ def _to_arrays(key, shape, what):
                        "is not a plain tile access; NKI does not mix basic and advanced indexing (use index "
                        "expressions for every dimension)")
     out = list(key)
+    if any(key[i].step is not None and key[i].step <= 0 for i in slices):
+        raise NKIError("index", f"{what}: slice steps must be positive")
     for j, i in enumerate(slices):  # only slices: their outer product, as basic indexing would give
         k, n = key[i], shape[i]
         start = 0 if k.start is None else k.start
@@ -360,9 +364,7 @@ class NkiTensor:
     def __getitem__(self, key):
         if self.key is not None:
             raise NKIError("index", f"{self.describe()} is already an indexed access; index the tensor once")
-        if not self.alloc.viewed and self.batch:  # views fix the layout: give the tile all its batch dims
-            sizes = _context.current().loop_sizes
-            self._resize([sizes[b] for b in self.batch])
+        self._materialise_batch()
         self.alloc.viewed = True
         if not self.batch and type(key) is tuple and all(type(k) is slice or type(k) is int for k in key) \
                 and len(key) <= self.ndim and _in_bounds(key, self.shape):
@@ -405,8 +407,13 @@ class NkiTensor:
         return tuple(torch.from_numpy(np.clip(a, 0, n - 1)) if isinstance(a, np.ndarray) else a
                      for a, n in zip(self.key, self.data.shape))
 
-    def read(self, mask=None, what="read"):
-        """The values of this access as a torch tensor (a view for basic accesses)."""
+    def read(self, mask=None, what="read", accumulating=False):
+        """The values of this access as a torch tensor (a view for basic accesses).
+
+        Reading a PSUM tile (other than a matmul accumulating into it) ends its accumulation groups.
+        """
+        if self.buffer is psum and self.alloc.groups and not accumulating:
+            self.alloc.groups.clear()
         if not self.alloc.written:
             raise NKIError("undefined-tile", f"{what}: {self.describe()} is read before anything was written to it")
         m = self._mask(mask)
@@ -419,12 +426,15 @@ class NkiTensor:
                                 torch.zeros((), dtype=value.dtype, device=value.device))
         return value
 
-    def write(self, value, mask=None, what="write", fresh=False):
+    def write(self, value, mask=None, what="write", fresh=False, accumulating=False):
         """Stores ``value`` (a torch tensor aligned to the current loop frame, or a Python scalar).
 
         ``fresh``: the caller made ``value`` and holds no other reference to its memory, so a
-        whole-tile write may adopt it instead of copying.
+        whole-tile write may adopt it instead of copying. Writing a PSUM tile (other than a matmul
+        accumulating into it) ends its accumulation groups.
         """
+        if self.buffer is psum and self.alloc.groups and not accumulating:
+            self.alloc.groups.clear()
         if self.alloc.is_input and not self.alloc.mutable:
             raise NKIError("immutable-input", f"{what}: the kernel writes to its input {self.alloc.name!r}, which it "
                            "does not declare mutable (nki.jit(mutates_args=...) or nki_op(mutates_args=...))")
@@ -443,7 +453,10 @@ class NkiTensor:
         lead = sum(1 for b in self.batch if b in frame)
         if isinstance(value, torch.Tensor):
             try:
-                value = value.to(self.data.dtype).expand(list(target.shape[:lead]) + list(self.shape))
+                value = value.to(self.data.dtype)
+                want = list(target.shape[:lead]) + list(self.shape)
+                if list(value.shape) != want:
+                    value = value.expand(want)
             except RuntimeError:
                 raise NKIError("shape-mismatch", f"{what}: a value of shape {tuple(value.shape[lead:])} cannot be "
                                f"written to {self.describe()}") from None
@@ -460,7 +473,7 @@ class NkiTensor:
             target.copy_(torch.where(torch.from_numpy(np.array(m)), value, target))
         elif self.key is None:
             if fresh and target is self.data and not self.alloc.viewed and self.buffer.on_chip and \
-                    value.shape == target.shape and (value._base is None or value._base.shape == value.shape):
+                    value.shape == target.shape and value._base is None:
                 self.data = value  # adopt: the value becomes the tile
             elif isinstance(value, torch.Tensor):
                 target.copy_(value)
@@ -469,6 +482,12 @@ class NkiTensor:
         else:
             target[self._torch_key()] = value
         self.alloc.written = True
+
+    def _materialise_batch(self):
+        """Views fix the layout: give a tile all its batch dims before the first view is made."""
+        if not self.alloc.viewed and self.batch and self.key is None:
+            sizes = _context.current().loop_sizes
+            self._resize([sizes[b] for b in self.batch])
 
     def _grow(self, value, frame):
         """A tile made in a batched loop starts with size-1 batch dims (one copy for all iterations);
@@ -493,6 +512,8 @@ class NkiTensor:
         if varying:
             raise Unbatchable(varying, "iterations of a batched loop write different values to one place "
                               "(a loop-carried dependency)")
+        if not drop:
+            return value
         kept = [i for i, f in enumerate(frame) if i not in drop]
         for i in kept:
             b = self.batch.index(frame[i])
@@ -502,9 +523,10 @@ class NkiTensor:
         return value.reshape([value.shape[i] for i in kept] + list(value.shape[len(frame):]))
 
     def __setitem__(self, key, value):
-        target = self if key is Ellipsis or key == slice(None) else self[key]
+        whole = key is Ellipsis or (type(key) is slice and key == slice(None))
+        target = self if whole else self[key]
         if isinstance(value, NkiTensor):
-            _check_compute_operand(value, "tile assignment")
+            value._check_on_chip("tile assignment")
             value = value.read(what="tile assignment")
         target._check_on_chip("tile assignment")
         target.write(value, what="tile assignment")
@@ -531,9 +553,13 @@ class NkiTensor:
 
     def reshape(self, shape):
         """A view with another shape (same elements, same memory), as NKI's ``tensor.reshape``."""
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        shape = tuple(int(n) for n in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         if self.key is not None:
             raise NKIError("reshape", f"{self.describe()}: an indexed access cannot be reshaped; reshape the tensor")
+        if self.buffer.on_chip and shape[:1] != self.shape[:1]:
+            raise NKIError("reshape", f"{self.describe()}: reshaping to {shape} would move data across partitions; "
+                           "an on-chip tile keeps its partition dimension")
+        self._materialise_batch()
         try:
             lead = list(self.data.shape[:len(self.batch)])
             self.alloc.viewed = True
@@ -575,10 +601,6 @@ def _inplace(tile, other, op):
     return tile
 
 
-def _check_compute_operand(t, what):
-    t._check_on_chip(what)
-
-
 def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
     """Allocates a tile (or, for HBM buffers, a kernel-local tensor) in the current call.
 
@@ -599,5 +621,10 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
     batch = () if buffer is shared_hbm else ctx.frame
     if data is None:  # batch dims of size 1 until the first write (see NkiTensor._grow)
         full = [1] * len(batch) + list(shape)
-        data = _context.scratch(full, dtype) if ctx.checking else torch.empty(full, dtype=dtype)
+        if buffer is shared_hbm and ctx.checking:  # outputs start as the batching trial's do
+            data = torch.full(full, float("nan") if dtype.is_floating_point else 4, dtype=dtype)
+        elif ctx.checking:
+            data = _context.scratch(full, dtype)
+        else:
+            data = torch.empty(full, dtype=dtype)
     return NkiTensor(data, buffer, alloc, batch=batch)

@@ -131,7 +131,9 @@ def check_matmul(what, stationary, moving, s_shape, m_shape):
 
 
 def _region(t):
-    return (t.data.storage_offset(), tuple(t.data.shape), tuple(t.data.stride()))
+    """Where a view lies in its PSUM tile, independent of the tile's batch dims."""
+    n = len(t.batch)
+    return (t.data.storage_offset(), tuple(t.data.shape[n:]), tuple(t.data.stride()[n:]))
 
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
@@ -147,8 +149,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if not isinstance(dst, NkiTensor) or dst.buffer is not psum:
         raise NKIError("matmul-dst-in-psum", "nisa.nc_matmul: dst must be a PSUM tile, got "
                        f"{dst.describe() if isinstance(dst, NkiTensor) else type(dst).__name__}")
+    allowed = (torch.float32, torch.bfloat16) if get_nc_version() >= nc_version.gen4 else (torch.float32,)
+    if dst.dtype not in allowed:
+        raise NKIError("matmul-dtype", f"nisa.nc_matmul: dst {dst.describe()} must be "
+                       f"{' or '.join(str(d).replace('torch.', '') for d in allowed)} (PSUM accumulates in fp32)")
     k, mm = tile_shape(s)
-    expected = (tile_shape(m)[1], tile_shape(m)[0]) if is_transpose else (mm, tile_shape(m)[1])
+    expected = (mm, k) if is_transpose else (mm, tile_shape(m)[1])
     if expected != dst.shape:
         raise NKIError("shape-mismatch", f"nisa.nc_matmul: the product has shape {expected} but dst is "
                        f"{dst.describe()}")
@@ -158,7 +164,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     frame = _context.current().frame
     if not frame and not is_transpose and dst.key is None and dst.dtype == torch.float32:
         if add:  # accumulate in place, as PSUM does
-            dst.read(what="nisa.nc_matmul accumulate")
+            dst.read(what="nisa.nc_matmul accumulate", accumulating=True)
             dst.data.addmm_(s.t().float(), m.float())
         else:
             torch.mm(s.t().float(), m.float(), out=dst.data)
@@ -166,8 +172,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     else:
         product = _batched_product(s, m, dst, is_transpose, accumulate)
         if add:
-            product = dst.read(what="nisa.nc_matmul accumulate") + product
-        dst.write(product, what="nisa.nc_matmul", fresh=True)
+            product = dst.read(what="nisa.nc_matmul accumulate", accumulating=True) + product
+        dst.write(product, what="nisa.nc_matmul", fresh=True, accumulating=True)
     groups.add(region)
 
 
@@ -179,12 +185,12 @@ def _batched_product(s, m, dst, is_transpose, accumulate):
     summed = [i for i, f in enumerate(ctx.frame) if f not in dst.batch]
     if summed and accumulate is False:
         raise Unbatchable({ctx.frame[i] for i in summed}, "matmuls of a batched loop overwrite one PSUM tile")
-    if is_transpose:  # the stationary operand is an identity: the instruction transposes `moving`
-        product = m.float().transpose(-1, -2)
+    if is_transpose:  # `moving` is an identity: the instruction transposes the stationary operand
+        product = s.float().transpose(-1, -2).clone()
         for i in reversed(summed):
             product = product.sum(dim=i, keepdim=True)
         return product
-    letters = "abcdefghijklmnop"[:n]
+    letters = "abcdefghijlmnopqrstuvw"[:n]  # loop dims; k, x, y name the tile dims
     kept = "".join(c for i, c in enumerate(letters) if i not in summed)
     product = torch.einsum(f"{letters}kx,{letters}ky->{kept}xy", s.float(), m.float())
     for i in summed:  # a product the same in every iteration is accumulated once per iteration
@@ -208,7 +214,7 @@ def nc_transpose(dst, data, engine=None, name=None, **kwargs):
     n = lead()
     v2 = values.reshape(list(values.shape[:n]) + [values.shape[n], -1])
     shape2 = tile_shape(v2)
-    if builtin_max(shape2) > limit:
+    if max(shape2) > limit:
         raise NKIError("transpose-size", f"nisa.nc_transpose on the {eng} engine handles up to [{limit}, {limit}], "
                        f"got {shape2}")
     if eng == "tensor" and (dst.buffer is not psum or data.buffer is not sbuf):
@@ -219,8 +225,6 @@ def nc_transpose(dst, data, engine=None, name=None, **kwargs):
            if eng == "tensor" else None)
     dst_write(dst, v2.transpose(-1, -2), "nisa.nc_transpose")
 
-
-builtin_max = max
 
 
 # -- vector / scalar / gpsimd ---------------------------------------------------------------------
@@ -240,13 +244,16 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kwargs):
     dst_write(dst, out, "nisa.tensor_tensor", fresh=True)
 
 
-def _scalar_operand(x, what, partitions):
+def _scalar_operand(x, what, data):
+    """A scalar, or a (P, 1) tile broadcast along the free dims of ``data``."""
     if isinstance(x, NkiTensor):
         v = compute(operand(x, what))
+        partitions = data.shape[0]
         if x.shape != (partitions, 1):
             raise NKIError("scalar-operand", f"{what}: a tile operand must have shape ({partitions}, 1), got "
                            f"{x.shape}")
-        return v
+        n = lead()
+        return v.reshape(list(v.shape[:n]) + [partitions] + [1] * (len(data.shape) - 1))
     return x
 
 
@@ -260,12 +267,11 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                   name=None, **kwargs):
     """``dst = (data op0 operand0) op1 operand1``; operands are scalars or (P, 1) tiles."""
     v = compute(_tile(data, "nisa.tensor_scalar data"))
-    p = data.shape[0]
-    o0 = _scalar_operand(operand0, "nisa.tensor_scalar operand0", p)
+    o0 = _scalar_operand(operand0, "nisa.tensor_scalar operand0", data)
     fn0 = _torch_op(op0, "nisa.tensor_scalar op0")
     out = wrap_torch_errors("nisa.tensor_scalar", _apply, fn0, v, o0, reverse0)
     if op1 is not None:
-        o1 = _scalar_operand(operand1, "nisa.tensor_scalar operand1", p)
+        o1 = _scalar_operand(operand1, "nisa.tensor_scalar operand1", data)
         out = wrap_torch_errors("nisa.tensor_scalar", _apply, _torch_op(op1, "nisa.tensor_scalar op1"), out, o1,
                                 reverse1)
     record(_engine_name(engine, "vector"), "tensor_scalar", dst.shape, dst.dtype)
@@ -319,10 +325,9 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
                name=None, **kwargs):
     """``dst = op(data * scale + bias)`` on the scalar engine, optionally summing the result per partition."""
     v = compute(_tile(data, "nisa.activation data"))
-    p = data.shape[0]
-    x = v * _scalar_operand(scale, "nisa.activation scale", p)
+    x = wrap_torch_errors("nisa.activation", torch.mul, v, _scalar_operand(scale, "nisa.activation scale", data))
     if bias is not None:
-        x = x + _scalar_operand(bias, "nisa.activation bias", p)
+        x = wrap_torch_errors("nisa.activation", torch.add, x, _scalar_operand(bias, "nisa.activation bias", data))
     out = wrap_torch_errors("nisa.activation", _torch_op(op, "nisa.activation"), x)
     record("scalar", "activation", dst.shape, dst.dtype)
     dst_write(dst, out, "nisa.activation", fresh=True)
@@ -342,7 +347,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
                 **kwargs):
     """``dst = exp(src - max_value)``; with reduce_res, also the per-partition sum of the result."""
     v = compute(_tile(src, "nisa.exponential"))
-    out = torch.exp(v - _scalar_operand(max_value, "nisa.exponential max_value", src.shape[0]))
+    out = torch.exp(v - _scalar_operand(max_value, "nisa.exponential max_value", src))
     record("vector", "exponential", dst.shape, dst.dtype)
     dst_write(dst, out, "nisa.exponential", fresh=True)
     if reduce_res is not None:

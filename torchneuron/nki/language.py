@@ -7,9 +7,8 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki._errors import NKIError
 from torchneuron.nki._batch import Affine, Unbatchable
-from torchneuron.nki._errors import kernel_position
+from torchneuron.nki._errors import NKIError, kernel_position
 from torchneuron.nki._ops import (as_dtype, check_partitions, compute, lead, make_result, operand, record,
                                   result_dtype, tile_shape, wrap_torch_errors)
 from torchneuron.nki._tile import IndexExpr, NkiTensor, ds, hbm, new_tile, private_hbm, psum, sbuf, shared_hbm
@@ -142,6 +141,8 @@ def affine_range(start, stop=None, step=1):
     pass may execute them all at once (see _batch)."""
     iterations = _range("affine_range", start, stop, step)
     ctx = _context.current()
+    if len(iterations) > 1:
+        ctx.batchable = True
     if ctx.batching and len(iterations) > 1:
         site = kernel_position()
         if site not in ctx.unbatchable:
@@ -279,7 +280,7 @@ _UNARY = {
     "gelu_apprx_tanh": _gelu_tanh, "gelu_apprx_sigmoid": lambda x: x * torch.sigmoid(1.702 * x),
     "silu": torch.nn.functional.silu, "softplus": torch.nn.functional.softplus,
     "mish": torch.nn.functional.mish, "logical_not": torch.logical_not, "invert": torch.bitwise_not,
-    "bypass": lambda x: x, "identity": lambda x: x,
+    "bypass": torch.clone, "identity": torch.clone,
 }
 _BINARY = {
     "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
@@ -358,12 +359,13 @@ def _axes(axis, ndim, what):
     return tuple(sorted(a + n for a in axes))
 
 
-def _reduction(name, fn, bool_result=False):
+def _reduction(name, fn, bool_result=False, float_result=False):
     def op(x, axis, dtype=None, mask=None, keepdims=False, **kwargs):
         values = compute(operand(x, f"nl.{name}"))
         axes = _axes(axis, values.dim() - lead(), f"nl.{name}")
         out = fn(values, axes, keepdims)
-        out_dtype = as_dtype(dtype) or (torch.bool if bool_result else x.dtype)
+        out_dtype = as_dtype(dtype) or (torch.bool if bool_result else torch.float32 if float_result and
+                                        not x.dtype.is_floating_point else x.dtype)
         record("vector", name, tile_shape(values), out_dtype)
         return make_result(out, out_dtype, f"nl.{name}", mask)
 
@@ -371,17 +373,22 @@ def _reduction(name, fn, bool_result=False):
     return op
 
 
+def _over_trailing(fn):
+    """``fn(values, dim)`` applied to the reduced axes (the trailing ones) flattened into one."""
+    def reduce(v, axes, keepdims):
+        out = fn(v.flatten(axes[0]), axes[0])
+        return out.reshape(list(v.shape[:axes[0]]) + [1] * len(axes)) if keepdims else out
+    return reduce
+
+
 sum = _reduction("sum", lambda v, a, k: torch.sum(v, dim=a, keepdim=k))
-prod = _reduction("prod", lambda v, a, k: torch.prod(v.flatten(a[0]), dim=a[0]).reshape(
-    [n if i not in a else 1 for i, n in enumerate(v.shape)] if k else v.shape[:a[0]]))
-mean = _reduction("mean", lambda v, a, k: torch.mean(v.float(), dim=a, keepdim=k))
-var = _reduction("var", lambda v, a, k: torch.var(v.float(), dim=a, keepdim=k, unbiased=False))
+prod = _reduction("prod", _over_trailing(lambda v, d: torch.prod(v, dim=d)))
+mean = _reduction("mean", lambda v, a, k: torch.mean(v.float(), dim=a, keepdim=k), float_result=True)
+var = _reduction("var", lambda v, a, k: torch.var(v.float(), dim=a, keepdim=k, unbiased=False), float_result=True)
 max = _reduction("max", lambda v, a, k: torch.amax(v, dim=a, keepdim=k))
 min = _reduction("min", lambda v, a, k: torch.amin(v, dim=a, keepdim=k))
-all = _reduction("all", lambda v, a, k: torch.all(v.bool().flatten(a[0]), dim=a[0], keepdim=False).reshape(
-    [n if i not in a else 1 for i, n in enumerate(v.shape)] if k else v.shape[:a[0]]), bool_result=True)
-any = _reduction("any", lambda v, a, k: torch.any(v.bool().flatten(a[0]), dim=a[0], keepdim=False).reshape(
-    [n if i not in a else 1 for i, n in enumerate(v.shape)] if k else v.shape[:a[0]]), bool_result=True)
+all = _reduction("all", _over_trailing(lambda v, d: torch.all(v.bool(), dim=d)), bool_result=True)
+any = _reduction("any", _over_trailing(lambda v, d: torch.any(v.bool(), dim=d)), bool_result=True)
 sum.torch_fn, max.torch_fn, min.torch_fn = torch.sum, torch.amax, torch.amin
 
 
@@ -421,7 +428,6 @@ def _bind_operators():
     NkiTensor.__neg__ = lambda self: g["negative"](self)
     NkiTensor.__abs__ = lambda self: g["abs"](self)
     NkiTensor.__invert__ = lambda self: g["invert"](self)
-    NkiTensor.__hash__ = lambda self: id(self)
 
 
 _bind_operators()
