@@ -324,3 +324,20 @@ def test_device_print_prints_when_the_kernel_runs(capsys):
     nki.simulate(kernel)(np.arange(4, dtype=np.float32).reshape(2, 2))
     printed = capsys.readouterr().out
     assert printed.count("tile:") == 1 and "3." in printed
+
+
+def test_eight_psum_accumulators_with_nl_matmul():
+    @nki.jit
+    def kernel(x, y):
+        out = nl.ndarray((8, 128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        accs = [nl.zeros((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]  # every bank
+        xt, yt = nl.load(x), nl.load(y)
+        for i, acc in enumerate(accs):
+            acc += nl.matmul(xt, yt, transpose_x=True)    # the product is accumulated in place
+            nl.store(out[i], value=nl.copy(acc))
+        return out
+
+    x, y = rand(64, 128), rand(64, 512)
+    out = run(kernel, x, y)
+    for i in range(8):
+        np.testing.assert_allclose(out[i], x.T.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)

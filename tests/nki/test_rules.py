@@ -119,6 +119,11 @@ def int_matmul_dst(a, b, out):
     nisa.nc_matmul(p, nl.load(a[0:128, 0:128]), nl.load(b[0:128, 0:64]))
 
 
+def two_psum_inputs(a, b, out):
+    p = nl.zeros((128, 64), nl.float32, buffer=nl.psum)
+    nl.add(p, p)
+
+
 CASES = {
     "partition-dim": p_too_big, "matmul-stationary-fmax": stationary_too_big,
     "matmul-moving-fmax": moving_too_big, "matmul-contraction": contraction_mismatch, "psum-bank": psum_bank,
@@ -127,7 +132,7 @@ CASES = {
     "undefined-tile": undefined_tile, "shape-mismatch": shape_mismatch, "loop-bounds": loop_bound_not_constant,
     "data-dependent-control-flow": data_dependent_branch, "reduce-partition": reduce_partition_axis,
     "out-of-bounds": out_of_bounds, "dma-psum": dma_to_psum, "matmul-dst-in-psum": matmul_dst_in_sbuf,
-    "reshape": reshape_partitions, "matmul-dtype": int_matmul_dst,
+    "reshape": reshape_partitions, "matmul-dtype": int_matmul_dst, "two-psum-inputs": two_psum_inputs,
 }
 
 

@@ -10,6 +10,7 @@ arithmetic, but most of their element-wise shape functions run in Python in PyTo
 are slower than computing 128-partition tiles.)
 """
 
+import functools
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Platform:
     figures: dict
 
     @staticmethod
+    @functools.lru_cache(maxsize=None)
     def named(target=None) -> "Platform":
         p = _C._platform() if target is None else _C._platform_by_name(target)
         return Platform(p["target"], p["pmax"], p["sbuf_partition_bytes"], p["psum_partition_bytes"],

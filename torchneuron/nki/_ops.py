@@ -106,7 +106,7 @@ def accumulate_over(values, tile):
     return values
 
 
-def make_result(values, dtype, what, mask=None, buffer=sbuf):
+def make_result(values, dtype, what, mask=None, buffer=sbuf, transient=False):
     """A new tile holding ``values`` (aligned to the loop frame) cast to ``dtype``; elements outside
     ``mask`` are zero."""
     shape = tile_shape(values)
@@ -117,7 +117,13 @@ def make_result(values, dtype, what, mask=None, buffer=sbuf):
             values = torch.where(torch.from_numpy(np.array(keep)), values,
                                  torch.zeros((), dtype=values.dtype))
     values = values.to(dtype)
-    return new_tile(shape, dtype, buffer, name=f"result of {what}", data=values, written=True)
+    return new_tile(shape, dtype, buffer, name=f"result of {what}", data=values, written=True, transient=transient)
+
+
+def check_one_psum_input(what, *args):
+    """Two-input instructions read at most one operand from PSUM."""
+    if sum(1 for a in args if isinstance(a, NkiTensor) and a.buffer is psum) > 1:
+        raise NKIError("two-psum-inputs", f"{what}: at most one input may be in PSUM")
 
 
 def wrap_torch_errors(what, fn, *args):

@@ -601,11 +601,13 @@ def _inplace(tile, other, op):
     return tile
 
 
-def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
+def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transient=False):
     """Allocates a tile (or, for HBM buffers, a kernel-local tensor) in the current call.
 
     Inside batched loops a tile has one leading dim per loop (``data`` given: already aligned to
     the frame). shared_hbm tensors are never batched: all iterations and programs share them.
+    Capacity is accounted in the check pass (the run pass repeats the same allocations); a
+    ``transient`` tile (``nl.matmul``'s product, which NKI accumulates in place) is not.
     """
     ctx = _context.current()
     shape = tuple(int(n) for n in shape)
@@ -617,7 +619,8 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False):
         if shape[0] > ctx.platform.pmax:
             raise NKIError("partition-dim", f"a tile of shape {shape} in {buffer.name} has partition dimension "
                            f"{shape[0]}, but a tile has at most {ctx.platform.pmax} partitions")
-        ctx.allocate(alloc, buffer.name, shape, dtype.itemsize)
+        if ctx.checking and not transient:
+            ctx.allocate(alloc, buffer.name, shape, dtype.itemsize)
     batch = () if buffer is shared_hbm else ctx.frame
     if data is None:  # batch dims of size 1 until the first write (see NkiTensor._grow)
         full = [1] * len(batch) + list(shape)

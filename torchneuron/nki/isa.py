@@ -8,7 +8,8 @@ import torch
 from torchneuron.nki import _context
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._batch import Unbatchable
-from torchneuron.nki._ops import compute, dst_write, frame_constant, lead, operand, record, tile_shape, wrap_torch_errors
+from torchneuron.nki._ops import (check_one_psum_input, compute, dst_write, frame_constant, lead, operand, record,
+                                  tile_shape, wrap_torch_errors)
 from torchneuron.nki._tile import NkiTensor, psum, sbuf
 
 NkiValidationError = NKIError
@@ -228,17 +229,12 @@ def nc_transpose(dst, data, engine=None, name=None, **kwargs):
 
 
 # -- vector / scalar / gpsimd ---------------------------------------------------------------------
-def _check_not_both_psum(what, *tiles):
-    if sum(1 for t in tiles if isinstance(t, NkiTensor) and t.buffer is psum) > 1:
-        raise NKIError("two-psum-inputs", f"{what}: at most one input may be in PSUM")
-
-
 def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kwargs):
     a, b = _tile(data1, "nisa.tensor_tensor data1"), _tile(data2, "nisa.tensor_tensor data2")
     if data1.shape != data2.shape:
         raise NKIError("shape-mismatch", f"nisa.tensor_tensor: data1 {data1.describe()} and data2 "
                        f"{data2.describe()} must have the same shape (use tensor_scalar to broadcast)")
-    _check_not_both_psum("nisa.tensor_tensor", data1, data2)
+    check_one_psum_input("nisa.tensor_tensor", data1, data2)
     out = wrap_torch_errors("nisa.tensor_tensor", _torch_op(op, "nisa.tensor_tensor"), compute(a), compute(b))
     record(_engine_name(engine, "vector"), "tensor_tensor", dst.shape, dst.dtype)
     dst_write(dst, out, "nisa.tensor_tensor", fresh=True)

@@ -9,8 +9,8 @@ import torch
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError, kernel_position
-from torchneuron.nki._ops import (as_dtype, check_partitions, compute, lead, make_result, operand, record,
-                                  result_dtype, tile_shape, wrap_torch_errors)
+from torchneuron.nki._ops import (as_dtype, check_one_psum_input, check_partitions, compute, lead, make_result,
+                                  operand, record, result_dtype, tile_shape, wrap_torch_errors)
 from torchneuron.nki._tile import IndexExpr, NkiTensor, ds, hbm, new_tile, private_hbm, psum, sbuf, shared_hbm
 
 __all__ = ["sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ds", "tile_size"]
@@ -262,7 +262,8 @@ def matmul(x, y, transpose_x=False, mask=None, **kwargs):
     stationary = xs if transpose_x else xs.transpose(-1, -2)
     check_matmul("nl.matmul", x, y, tile_shape(stationary), tile_shape(ys))
     out = stationary.transpose(-1, -2).float() @ ys.float()
-    return make_result(out, torch.float32, "nl.matmul", mask, buffer=psum)
+    # transient: `acc += nl.matmul(...)` accumulates into acc's banks, the product takes none
+    return make_result(out, torch.float32, "nl.matmul", mask, buffer=psum, transient=True)
 
 
 # -- element-wise math ----------------------------------------------------------------------------
@@ -315,6 +316,7 @@ def _elementwise(name, fn, arity):
     def op(*args, dtype=None, mask=None, **kwargs):
         if len(args) != arity:
             raise NKIError("arguments", f"nl.{name} takes {arity} operand(s), got {len(args)}")
+        check_one_psum_input(f"nl.{name}", *args)
         values = [compute(operand(a, f"nl.{name}")) for a in args]
         if not builtins.any(isinstance(v, torch.Tensor) for v in values):
             raise NKIError("operand", f"nl.{name} needs at least one tile operand")
