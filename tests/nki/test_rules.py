@@ -157,19 +157,22 @@ def test_rule_violation_names_rule_and_line_and_writes_nothing(rule, where):
         torch.testing.assert_close((a + 1).cpu(), a_before + 1)
 
 
-def test_sbuf_capacity_follows_the_platform_target():
-    @nki.jit
-    def kernel(a):
-        t = nl.ndarray((128, 60 * 1024), nl.float32)   # 240 KiB per partition: over trn2's 224, under trn3's 256
-        t[...] = 0
-        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-        nl.store(out, value=t[:, 0:8])
-        return out
+def big_tile(a):
+    t = nl.ndarray((128, 60 * 1024), nl.float32)   # 240 KiB per partition: over trn2's 224, under trn3's 256
+    t[...] = 0
+    out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=t[:, 0:8])
+    return out
 
+
+def test_sbuf_capacity_follows_the_platform_target():
     a = np.zeros((128, 8), np.float32)
     with pytest.raises(nki.NKIError, match="sbuf-capacity.*224 KiB"):
-        nki.estimate(kernel, a, target="trn2")
-    assert nki.estimate(kernel, a, target="trn3").estimated_seconds > 0
+        nki.estimate(big_tile, a, target="trn2")
+    assert nki.estimate(big_tile, a, target="trn3").estimated_seconds > 0
+    with pytest.raises(nki.NKIError, match="sbuf-capacity"):   # the kernel's own target option
+        nki.jit(big_tile, platform_target="trn2")(a)
+    np.testing.assert_array_equal(nki.jit(big_tile, platform_target="trn3")(a), 0)
 
 
 def test_mutable_inputs_must_be_declared_and_then_are_written():
@@ -222,20 +225,6 @@ def test_tile_assignment_with_an_index_expression_key():
 def test_returning_part_of_an_input_is_an_error():
     with pytest.raises(nki.NKIError, match="kernel-return"):
         nki.simulate(lambda a: a[0:64])(np.zeros((128, 4), np.float32))
-
-
-def test_platform_target_option_selects_the_limits():
-    def big_tile(a):
-        t = nl.ndarray((128, 60 * 1024), nl.float32)
-        t[...] = 0
-        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-        nl.store(out, value=t[:, 0:8])
-        return out
-
-    a = np.zeros((128, 8), np.float32)
-    with pytest.raises(nki.NKIError, match="sbuf-capacity"):
-        nki.jit(big_tile, platform_target="trn2")(a)
-    np.testing.assert_array_equal(nki.jit(big_tile, platform_target="trn3")(a), 0)
 
 
 def test_isa_destinations_keep_the_partition_layout():
