@@ -85,8 +85,7 @@ class Kernel:
         for name, t in tensors.items():
             wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True,
                                                           mutable=name in self.mutates_args))
-        inputs = {id(w.alloc): name for name, w in wrapped.items() if name in tensors}
-        self._input_views = {name: wrapped[name].data for name in tensors}
+        inputs = {id(w.alloc): (name, w.data) for name, w in wrapped.items() if name in tensors}
         result = None
         with _context.active(ctx):
             if ctx.batching and self.grid and "grid" not in ctx.unbatchable:
@@ -110,8 +109,8 @@ class Kernel:
             return type(value)(self._structure(v, ctx, inputs) for v in value)
         if isinstance(value, NkiTensor):
             if value.key is None and id(value.alloc) in inputs:
-                name = inputs[id(value.alloc)]
-                if value.data is not self._input_views[name]:
+                name, data = inputs[id(value.alloc)]
+                if value.data is not data:
                     raise NKIError("kernel-return", f"{self.fn.__name__} returns part of its input {name!r}; a "
                                    "kernel returns whole tensors")
                 return ("in", name)
