@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 
 
@@ -341,3 +342,32 @@ def test_eight_psum_accumulators_with_nl_matmul():
     out = run(kernel, x, y)
     for i in range(8):
         np.testing.assert_allclose(out[i], x.T.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_loaded_tiles_written_afterwards_never_write_the_input():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((4,) + a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)                       # shares the input's memory until written
+        t += 1.0
+        nl.store(out[0], value=t)
+        u = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u, src=a)
+        u[:, 0:2] = 0.0                      # a partial write through a view
+        nl.store(out[1], value=u)
+        v = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v, src=a)
+        nisa.memset(v, 7.0)                  # a whole-tile write
+        nl.store(out[2], value=v)
+        w = nl.load(a)
+        nl.store(out[3], value=w)            # read only: the input, untouched
+        return out
+
+    a = rand(128, 4)
+    before = a.copy()
+    out = run(kernel, a)
+    np.testing.assert_array_equal(a, before)
+    np.testing.assert_allclose(out[0], a + 1)
+    np.testing.assert_array_equal(out[1], np.concatenate([np.zeros((128, 2), np.float32), a[:, 2:]], axis=1))
+    np.testing.assert_array_equal(out[2], 7.0)
+    np.testing.assert_array_equal(out[3], a)

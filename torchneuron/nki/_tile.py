@@ -33,12 +33,13 @@ private_hbm = Buffer("private_hbm", False)
 class Allocation:
     """What all views of one tensor share: its name, where it was made, whether it holds data."""
 
-    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "viewed", "__weakref__")
+    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "viewed", "borrowed", "__weakref__")
 
     def __init__(self, name, written=False, is_input=False, mutable=False):
         self.name, self.written, self.is_input, self.mutable = name, written, is_input, mutable
         self.groups = None  # PSUM regions in an open matmul accumulation group (see nisa.nc_matmul)
         self.viewed = False  # a view of the tile exists (its batch dims can no longer grow)
+        self.borrowed = False  # the tile's data is still its source input's memory (see NkiTensor.borrow)
         self.line = None if is_input else kernel_position()
 
     def describe(self):
@@ -435,6 +436,7 @@ class NkiTensor:
         """
         if self.buffer is psum and self.alloc.groups and not accumulating:
             self.alloc.groups.clear()
+        self._own(keep_values=mask is not None or self.key is not None)
         if self.alloc.is_input and not self.alloc.mutable:
             raise NKIError("immutable-input", f"{what}: the kernel writes to its input {self.alloc.name!r}, which it "
                            "does not declare mutable (nki.jit(mutates_args=...) or nki_op(mutates_args=...))")
@@ -483,8 +485,20 @@ class NkiTensor:
             target[self._torch_key()] = value
         self.alloc.written = True
 
+    def borrow(self, values):
+        """Loads a fresh SBUF tile from an input the kernel cannot write, without copying: the tile
+        keeps the input's memory until something is about to write it or view it (then it copies)."""
+        self.data = values
+        self.alloc.borrowed = self.alloc.written = True
+
+    def _own(self, keep_values=True):
+        if self.alloc.borrowed:
+            self.data = self.data.clone() if keep_values else torch.empty_like(self.data)
+            self.alloc.borrowed = False
+
     def _materialise_batch(self):
         """Views fix the layout: give a tile all its batch dims before the first view is made."""
+        self._own()
         if not self.alloc.viewed and self.batch and self.key is None:
             sizes = _context.current().loop_sizes
             self._resize([sizes[b] for b in self.batch])
@@ -502,6 +516,7 @@ class NkiTensor:
             return
         if self.alloc.written:
             self.data = self.data.expand(batch_sizes + list(self.shape)).clone()
+            self.alloc.borrowed = False
         else:
             self.data = torch.empty(batch_sizes + list(self.shape), dtype=self.data.dtype)
 

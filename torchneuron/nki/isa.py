@@ -87,8 +87,18 @@ def dma_copy(dst, src, priority=None, oob_mode=None, dge_mode=None, engine=None,
         raise NKIError("shape-mismatch", f"nisa.dma_copy: src {src.describe()} has {count} elements, "
                        f"dst {dst.describe()} has {int(np.prod(dst.shape))}")
     record("dma", "dma_copy", dst.shape, dst.dtype, src=src.buffer.name, dst=dst.buffer.name)
+    if _can_borrow(dst, src, values, mask):
+        dst.borrow(values)
+        return
     dst.write(values.reshape(list(values.shape[:n]) + list(dst.shape)), mask=mask,
               what=f"nisa.dma_copy to {dst.describe()}")
+
+
+def _can_borrow(dst, src, values, mask):
+    """A whole fresh SBUF tile loaded from an input the kernel never writes may use its memory."""
+    return (mask is None and src.key is None and src.alloc.is_input and not src.alloc.mutable and
+            dst.buffer is sbuf and dst.key is None and not dst.alloc.written and not dst.alloc.viewed and
+            dst.batch == _context.current().frame and dst.dtype == values.dtype and tile_shape(values) == dst.shape)
 
 
 def tensor_copy(dst, src, engine=None, name=None, mask=None, **kwargs):

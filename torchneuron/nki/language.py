@@ -205,6 +205,10 @@ def load(src, mask=None, dtype=None, **kwargs):
     check_partitions(tile_shape(values), f"nl.load of {src.describe()}")
     record("dma", "load", tile_shape(values), src.dtype, src="hbm", dst="sbuf")
     out_dtype = as_dtype(dtype) or src.dtype
+    if mask is None and out_dtype == src.dtype and src.key is None and src.alloc.is_input and not src.alloc.mutable:
+        tile = make_result(values, out_dtype, "nl.load")  # no copy until written (NkiTensor.borrow)
+        tile.borrow(tile.data)
+        return tile
     return make_result(values.to(out_dtype, copy=True), out_dtype, "nl.load", mask)
 
 
