@@ -184,3 +184,21 @@ def test_a_kernel_that_waits_for_the_device_fails_instead_of_hanging():
         torch.neuron.synchronize()
     torch.testing.assert_close((a + 1).cpu(), torch.full((4, 4), 2.0))  # the stream stays usable
     del out
+
+
+def test_a_raw_kernel_call_in_compiled_code_runs_at_a_graph_break():
+    torch._dynamo.reset()
+
+    def f(x):
+        return scale(x + 1, 2.0) - 1
+
+    x = torch.randn(128, 16, device="neuron")
+    torch.testing.assert_close(torch.compile(f, backend="neuron")(x).cpu(), (x.cpu() + 1) * 2 - 1)
+
+
+def test_kernels_call_kernels_inline():
+    @nki.jit
+    def outer(a):
+        return scale(a, 3.0)            # a kernel called on kernel tensors runs inline
+
+    torch.testing.assert_close(outer(torch.ones(128, 4, device="neuron")).cpu(), torch.full((128, 4), 3.0))

@@ -200,6 +200,10 @@ class Kernel:
 
     # -- calls ----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():  # one clean graph break; wrap_nki/nki_op trace without one
+            return _outside_graph()(self, *args, **kwargs)
+        if any(isinstance(a, NkiTensor) for a in (*args, *kwargs.values())):
+            return self.fn(*args, **kwargs)  # called from another kernel: inline, as NKI does
         arguments = self._bind(args, kwargs)
         tensors = {n: v for n, v in arguments.items() if _is_array(v)}
         devices = {n: v.device for n, v in tensors.items() if isinstance(v, torch.Tensor)}
@@ -255,6 +259,11 @@ def _stand_in(v):
 
 # TORCHNEURON_NKI_BATCH (parsed with the other settings in the runtime's Config).
 BATCHING = bool(_C._config()["nki_batch"])
+
+
+@functools.lru_cache(maxsize=None)
+def _outside_graph():
+    return torch.compiler.disable(Kernel.__call__, recursive=True)
 
 
 def _batching_enabled():
