@@ -230,3 +230,22 @@ def test_returning_part_of_an_input_is_an_error():
 def test_isa_destinations_keep_the_partition_layout():
     with pytest.raises(nki.NKIError, match="shape-mismatch"):
         kernel_of(copy_across_partitions)(torch.randn(256, 256), torch.randn(256, 256))
+
+
+def test_reading_the_unwritten_part_of_a_tile_is_an_error():
+    def half_written(a, b, out):
+        t = nl.ndarray((128, 128), nl.float32)
+        t[:, 0:64] = nl.load(a[0:128, 0:64])
+        nl.store(out[:, 0:64], value=t[:, 0:64])     # fine: written
+        nl.exp(t)                                     # reads columns 64..127, never written
+
+    with pytest.raises(nki.NKIError, match="undefined-tile.*64 of 128|undefined-tile.*8192 of 16384"):
+        kernel_of(half_written)(torch.randn(256, 256), torch.randn(256, 256))
+
+    def masked_then_whole(a, b, out):
+        t = nl.ndarray((128, 64), nl.float32)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        t[...] = 0.0                                  # defined everywhere, then partly overwritten
+        nl.store(out[:, 0:64], value=nl.load(a[i_p, i_f], mask=(i_p < 100)) + t)
+
+    kernel_of(masked_then_whole)(torch.randn(256, 256), torch.randn(256, 256))

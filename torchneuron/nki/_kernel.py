@@ -261,9 +261,15 @@ def _stand_in(v):
 BATCHING = bool(_C._config()["nki_batch"])
 
 
-@functools.lru_cache(maxsize=None)
+_disabled_call = None
+
+
 def _outside_graph():
-    return torch.compiler.disable(Kernel.__call__, recursive=True)
+    """Kernel.__call__ with Dynamo off (made on first use: it imports Dynamo)."""
+    global _disabled_call
+    if _disabled_call is None:
+        _disabled_call = torch.compiler.disable(Kernel.__call__, recursive=True)
+    return _disabled_call
 
 
 def _batching_enabled():

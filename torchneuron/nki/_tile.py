@@ -33,13 +33,16 @@ private_hbm = Buffer("private_hbm", False)
 class Allocation:
     """What all views of one tensor share: its name, where it was made, whether it holds data."""
 
-    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "viewed", "borrowed", "__weakref__")
+    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "viewed", "borrowed", "shadow",
+                 "__weakref__")
 
     def __init__(self, name, written=False, is_input=False, mutable=False):
         self.name, self.written, self.is_input, self.mutable = name, written, is_input, mutable
         self.groups = None  # PSUM regions in an open matmul accumulation group (see nisa.nc_matmul)
         self.viewed = False  # a view of the tile exists (its batch dims can no longer grow)
         self.borrowed = False  # the tile's data is still its source input's memory (see NkiTensor.borrow)
+        # Check pass, on-chip tiles: which elements hold data (laid out like the tile's data).
+        self.shadow = None
         self.line = None if is_input else kernel_position()
 
     def describe(self):
@@ -418,6 +421,12 @@ class NkiTensor:
         if not self.alloc.written:
             raise NKIError("undefined-tile", f"{what}: {self.describe()} is read before anything was written to it")
         m = self._mask(mask)
+        if self.alloc.shadow is not None:
+            defined = self._shadow_region()
+            defined = defined[torch.from_numpy(np.array(np.broadcast_to(m, self.shape)))] if m is not None else defined
+            if not bool(defined.all()):
+                raise NKIError("undefined-tile", f"{what}: {self.describe()} is read where nothing was written "
+                               f"({int((~defined).sum())} of {defined.numel()} elements read are undefined)")
         value = self.data if self.key is None else self.data[self._torch_key()]
         frame = _context.current().frame
         if self.batch or frame:
@@ -477,6 +486,7 @@ class NkiTensor:
             if fresh and target is self.data and not self.alloc.viewed and self.buffer.on_chip and \
                     value.shape == target.shape and value._base is None:
                 self.data = value  # adopt: the value becomes the tile
+                self.alloc.shadow = None
             elif isinstance(value, torch.Tensor):
                 target.copy_(value)
             else:
@@ -484,12 +494,37 @@ class NkiTensor:
         else:
             target[self._torch_key()] = value
         self.alloc.written = True
+        if self.alloc.shadow is not None:
+            self._mark_defined(m)
+
+    def _shadow_region(self):
+        """This access's part of the tile's shadow (same geometry as its part of the data)."""
+        region = self.alloc.shadow.as_strided(self.data.size(), self.data.stride(), self.data.storage_offset())
+        return region if self.key is None else region[self._torch_key()]
+
+    def _mark_defined(self, mask=None):
+        """Check pass: records which elements of the tile this write defined."""
+        shadow = self.alloc.shadow
+        if shadow is None:
+            return
+        if self.key is not None and mask is not None:
+            index = tuple(torch.from_numpy(np.broadcast_to(a, self.shape)[np.array(mask)]) if isinstance(a, np.ndarray)
+                          else a for a in self.key)
+            shadow.as_strided(self.data.size(), self.data.stride(), self.data.storage_offset())[index] = True
+        elif mask is not None:
+            region = self._shadow_region()
+            region |= torch.from_numpy(np.array(np.broadcast_to(mask, self.shape)))
+        else:
+            self._shadow_region().fill_(True)
+        if bool(shadow.all()):
+            self.alloc.shadow = None  # wholly defined: nothing left to check
 
     def borrow(self, values):
         """Loads a fresh SBUF tile from an input the kernel cannot write, without copying: the tile
         keeps the input's memory until something is about to write it or view it (then it copies)."""
         self.data = values
         self.alloc.borrowed = self.alloc.written = True
+        self.alloc.shadow = None
 
     def _own(self, keep_values=True):
         if self.alloc.borrowed:
@@ -645,4 +680,6 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transi
             data = _context.scratch(full, dtype)
         else:
             data = torch.empty(full, dtype=dtype)
+        if ctx.checking and buffer.on_chip and not written:  # per-element undefined reads
+            alloc.shadow = torch.zeros_like(data, dtype=torch.bool)
     return NkiTensor(data, buffer, alloc, batch=batch)

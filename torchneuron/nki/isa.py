@@ -180,6 +180,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         else:
             torch.mm(s.t().float(), m.float(), out=dst.data)
             dst.alloc.written = True
+            dst._mark_defined()
     else:
         product = _batched_product(s, m, dst, is_transpose, accumulate)
         if add:
