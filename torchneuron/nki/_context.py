@@ -56,6 +56,7 @@ class CallContext:
     checking: bool                      # True: the check pass on scratch tensors
     trial: bool = False                 # True: a batching trial on scratch tensors (see _kernel)
     batchable: bool = False             # the check pass met an affine_range or grid that could batch
+    borrowing: bool = False             # loads may share an input's memory (the kernel writes no input)
     reduce_regs: object = None          # the scalar engine's accumulation registers (nisa.activation)
     grid: tuple = ()
     program: tuple = ()
@@ -119,6 +120,10 @@ class CallContext:
 
     def _release_sbuf(self, n):
         self.sbuf_in_use -= n
+
+
+def inside_kernel() -> bool:
+    return getattr(_local, "ctx", None) is not None
 
 
 def current() -> CallContext:

@@ -27,6 +27,18 @@ from torchneuron.nki._tile import Allocation, NkiTensor, hbm, shared_hbm
 _KNOWN_OPTIONS = {"mode", "mutates_args", "platform_target"}
 
 
+class _PlanCache(dict):
+    """Plans by call signature, the least recently made dropped past a bound (scalar arguments are
+    part of a signature: a kernel called with ever-new values must not grow without limit)."""
+
+    LIMIT = 256
+
+    def put(self, key, plan):
+        if len(self) >= self.LIMIT:
+            del self[next(iter(self))]
+        self[key] = plan
+
+
 @dataclass
 class Plan:
     """What the check pass learned about a call signature."""
@@ -58,7 +70,7 @@ class Kernel:
         if unknown:
             raise ValueError(f"nki.jit({fn.__name__}): mutates_args names {sorted(unknown)}, which are not "
                              f"parameters of the kernel {list(self.signature.parameters)}")
-        self._plans = {} if plans is None else plans
+        self._plans = _PlanCache() if plans is None else plans
         functools.update_wrapper(self, fn)
 
     def __repr__(self):
@@ -86,6 +98,7 @@ class Kernel:
             wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True,
                                                           mutable=name in self.mutates_args))
         inputs = {id(w.alloc): (name, w.data) for name, w in wrapped.items() if name in tensors}
+        ctx.borrowing = not self.mutates_args
         result = None
         with _context.active(ctx):
             if ctx.batching and self.grid and "grid" not in ctx.unbatchable:
@@ -157,7 +170,7 @@ class Kernel:
                 plan.unbatchable, plan.batching_note = self._choose_batching(arguments, pristine, plan, expected,
                                                                              target)
         if key is not None:
-            self._plans[key] = plan
+            self._plans.put(key, plan)
         return plan, ctx.cost
 
     def _choose_batching(self, arguments, pristine, plan, expected, target):
@@ -202,8 +215,11 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if torch.compiler.is_compiling():  # one clean graph break; wrap_nki/nki_op trace without one
             return _outside_graph()(self, *args, **kwargs)
-        if any(isinstance(a, NkiTensor) for a in (*args, *kwargs.values())):
-            return self.fn(*args, **kwargs)  # called from another kernel: inline, as NKI does
+        if _context.inside_kernel():  # called from another kernel: inline, as NKI does
+            if self.grid:
+                raise NKIError("nested-grid", f"{self.fn.__name__}{list(self.grid)} is called from inside a kernel; "
+                               "a kernel called from a kernel runs inline and cannot launch a grid")
+            return self.fn(*args, **kwargs)
         arguments = self._bind(args, kwargs)
         tensors = {n: v for n, v in arguments.items() if _is_array(v)}
         devices = {n: v.device for n, v in tensors.items() if isinstance(v, torch.Tensor)}
@@ -288,15 +304,16 @@ def _agree(expected, got):
 
 
 def _aliases(tensors):
-    """Groups of argument names whose tensors share memory (aliasing changes what a kernel does)."""
-    by_storage = {}
+    """Pairs of argument names whose tensors' memory overlaps (aliasing changes what a kernel does)."""
+    spans = []
     for name, t in tensors.items():
         try:
-            ptr = t.untyped_storage().data_ptr()
+            storage = t.untyped_storage()
+            spans.append((name, storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
         except RuntimeError:  # a fake tensor (tracing): no memory to share
             continue
-        by_storage.setdefault(ptr, []).append(name)
-    return tuple(tuple(g) for g in by_storage.values() if len(g) > 1)
+    return tuple((a, b) for i, (a, start_a, end_a) in enumerate(spans) for b, start_b, end_b in spans[i + 1:]
+                 if start_a < end_b and start_b < end_a)
 
 
 def _filled(shape, dtype):

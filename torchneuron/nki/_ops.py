@@ -6,7 +6,7 @@ import torch
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki._tile import IndexExpr, NkiTensor, new_tile, psum, sbuf
+from torchneuron.nki._tile import IndexExpr, LoopMask, NkiTensor, new_tile, psum, sbuf
 
 _DTYPES = {
     "bool": torch.bool, "bool_": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -97,6 +97,9 @@ def accumulate_over(values, tile):
     """``values`` summed over the batched loops ``tile`` does not have (what accumulating every
     iteration into ``tile`` adds up to; a value the same in every iteration counts n times)."""
     ctx = _context.current()
+    missing = {loop for loop in ctx.frame if loop not in tile.batch}
+    if missing and tile.dtype not in (torch.float32, torch.float64):
+        raise Unbatchable(missing, "accumulating into a low-precision tile rounds at every iteration")
     for i, loop in enumerate(ctx.frame):
         if loop not in tile.batch:
             if values.shape[i] != 1:
@@ -111,7 +114,10 @@ def make_result(values, dtype, what, mask=None, buffer=sbuf, transient=False):
     ``mask`` are zero."""
     shape = tile_shape(values)
     check_partitions(shape, what)
-    if mask is not None:
+    if isinstance(mask, LoopMask):
+        if not bool(mask.keep.all()):
+            values = torch.where(mask.keep, values, torch.zeros((), dtype=values.dtype))
+    elif mask is not None:
         keep = np.broadcast_to(mask.concrete() if isinstance(mask, IndexExpr) else mask, shape)
         if not keep.all():
             values = torch.where(torch.from_numpy(np.array(keep)), values,

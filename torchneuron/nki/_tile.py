@@ -112,21 +112,75 @@ def _values(x):
     return x.concrete() if isinstance(x, IndexExpr) else x
 
 
-def _index_op(fn):
-    return lambda self, other: IndexExpr(fn(self.concrete(), _values(other)))
+def _moves(x):
+    return isinstance(x, (LoopMask, Affine)) or (isinstance(x, IndexExpr) and isinstance(x.offset, Affine))
 
 
-def _rindex_op(fn):
-    return lambda self, other: IndexExpr(fn(_values(other), self.concrete()))
+def _index_op(fn, torch_fn):
+    def op(self, other):
+        if _moves(self) or _moves(other):
+            return LoopMask(torch_fn(LoopMask.tensor(self), LoopMask.tensor(other)))
+        return IndexExpr(fn(self.concrete(), _values(other)))
+    return op
 
 
-for _name, _fn in {"floordiv": np.floor_divide, "mod": np.mod, "and": np.logical_and, "or": np.logical_or,
-                   "xor": np.logical_xor}.items():
-    setattr(IndexExpr, f"__{_name}__", _index_op(_fn))
-    setattr(IndexExpr, f"__r{_name}__", _rindex_op(_fn))
-for _name, _fn in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-                   "eq": np.equal, "ne": np.not_equal}.items():
-    setattr(IndexExpr, f"__{_name}__", _index_op(_fn))
+def _rindex_op(fn, torch_fn):
+    def op(self, other):
+        if _moves(self) or _moves(other):
+            return LoopMask(torch_fn(LoopMask.tensor(other), LoopMask.tensor(self)))
+        return IndexExpr(fn(_values(other), self.concrete()))
+    return op
+
+
+class LoopMask:
+    """A mask that moves with batched loops: a bool tensor aligned to the loop frame it was made in
+    (leading dims: the frame's loops), then the mask's own dims."""
+
+    __slots__ = ("keep", "frame")
+
+    def __init__(self, keep):
+        self.keep, self.frame = keep, _context.current().frame
+
+    @staticmethod
+    def tensor(x):
+        """``x`` (index expression, loop variable, mask or number) as a frame-aligned tensor."""
+        from torchneuron.nki._ops import affine_values
+        n = len(_context.current().frame)
+        if isinstance(x, LoopMask):
+            return x.keep
+        if isinstance(x, IndexExpr):
+            base = torch.from_numpy(np.array(x.values))
+            if isinstance(x.offset, Affine):
+                offset = affine_values(x.offset)
+                return base.reshape([1] * n + list(base.shape)) + offset.reshape(list(offset.shape) + [1] * base.dim())
+            return (base + x.offset).reshape([1] * n + list(base.shape))
+        if isinstance(x, Affine):
+            return affine_values(x)
+        return x
+
+    def __and__(self, other):
+        return LoopMask(torch.logical_and(self.keep, LoopMask.tensor(other)))
+
+    def __or__(self, other):
+        return LoopMask(torch.logical_or(self.keep, LoopMask.tensor(other)))
+
+    __rand__, __ror__ = __and__, __or__
+
+    def __invert__(self):
+        return LoopMask(torch.logical_not(self.keep))
+
+    def __bool__(self):
+        raise NKIError("index-expression", "a mask has no truth value; use it as a mask= argument")
+
+
+for _name, _fn, _tfn in [("floordiv", np.floor_divide, torch.floor_divide), ("mod", np.mod, torch.remainder),
+                         ("and", np.logical_and, torch.logical_and), ("or", np.logical_or, torch.logical_or),
+                         ("xor", np.logical_xor, torch.logical_xor)]:
+    setattr(IndexExpr, f"__{_name}__", _index_op(_fn, _tfn))
+    setattr(IndexExpr, f"__r{_name}__", _rindex_op(_fn, _tfn))
+for _name, _fn, _tfn in [("lt", np.less, torch.lt), ("le", np.less_equal, torch.le), ("gt", np.greater, torch.gt),
+                         ("ge", np.greater_equal, torch.ge), ("eq", np.equal, torch.eq), ("ne", np.not_equal, torch.ne)]:
+    setattr(IndexExpr, f"__{_name}__", _index_op(_fn, _tfn))
 IndexExpr.__invert__ = lambda self: IndexExpr(~self.concrete().astype(bool))
 IndexExpr.__hash__ = object.__hash__
 
@@ -391,6 +445,13 @@ class NkiTensor:
         return NkiTensor(self.data, self.buffer, self.alloc, tuple(arrays), shape)
 
     def _mask(self, mask):
+        """The mask as an array of this access's shape (a frame-aligned tensor for a LoopMask);
+        None when it keeps everything."""
+        if isinstance(mask, LoopMask):
+            if mask.frame != _context.current().frame or self.key is not None:
+                raise Unbatchable(set(mask.frame) | set(_context.current().frame), "a loop-dependent mask used "
+                                  "outside its loop, or on a gather")
+            return None if bool(mask.keep.all()) else mask.keep
         m = np.broadcast_to(_values(mask), self.shape) if mask is not None else None
         if self.key is not None:
             inside = np.ones(self.shape, dtype=bool)
@@ -432,8 +493,8 @@ class NkiTensor:
         if self.batch or frame:
             value = align(value, self.batch, frame)
         if m is not None:
-            value = torch.where(torch.from_numpy(np.array(m)).to(value.device), value,
-                                torch.zeros((), dtype=value.dtype, device=value.device))
+            keep = m if isinstance(m, torch.Tensor) else torch.from_numpy(np.array(m))
+            value = torch.where(keep, value, torch.zeros((), dtype=value.dtype))
         return value
 
     def write(self, value, mask=None, what="write", fresh=False, accumulating=False):
@@ -481,10 +542,11 @@ class NkiTensor:
         elif m is not None:
             if not isinstance(value, torch.Tensor):
                 value = torch.full(self.shape, value, dtype=self.data.dtype)
-            target.copy_(torch.where(torch.from_numpy(np.array(m)), value, target))
+            keep = self._fit_frame(m, frame) if isinstance(m, torch.Tensor) else torch.from_numpy(np.array(m))
+            target.copy_(torch.where(keep, value, target))
         elif self.key is None:
             if fresh and target is self.data and not self.alloc.viewed and self.buffer.on_chip and \
-                    value.shape == target.shape and value._base is None:
+                    value.shape == target.shape and value._base is None and value.is_contiguous():
                 self.data = value  # adopt: the value becomes the tile
                 self.alloc.shadow = None
             elif isinstance(value, torch.Tensor):
@@ -519,7 +581,7 @@ class NkiTensor:
         if bool(shadow.all()):
             self.alloc.shadow = None  # wholly defined: nothing left to check
 
-    def borrow(self, values):
+    def borrow(self, values):  # callers check borrowable(source) first
         """Loads a fresh SBUF tile from an input the kernel cannot write, without copying: the tile
         keeps the input's memory until something is about to write it or view it (then it copies)."""
         self.data = values
@@ -649,6 +711,12 @@ def _inplace(tile, other, op):
     _ops.record("vector", op, tile.shape, tile.dtype)
     tile.write(result, what=f"in-place {op}")
     return tile
+
+
+def borrowable(src):
+    """Whether a load from ``src`` may share its memory: an input, unwritten by a kernel that
+    writes no input at all (an input it writes could alias this one)."""
+    return src.key is None and src.alloc.is_input and not src.alloc.mutable and _context.current().borrowing
 
 
 def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transient=False):

@@ -10,7 +10,7 @@ from torchneuron.nki._errors import NKIError
 from torchneuron.nki._batch import Unbatchable
 from torchneuron.nki._ops import (check_one_psum_input, compute, dst_write, frame_constant, lead, operand, record,
                                   tile_shape, wrap_torch_errors)
-from torchneuron.nki._tile import NkiTensor, psum, sbuf
+from torchneuron.nki._tile import NkiTensor, borrowable, psum, sbuf
 
 NkiValidationError = NKIError
 
@@ -96,7 +96,7 @@ def dma_copy(dst, src, priority=None, oob_mode=None, dge_mode=None, engine=None,
 
 def _can_borrow(dst, src, values, mask):
     """A whole fresh SBUF tile loaded from an input the kernel never writes may use its memory."""
-    return (mask is None and src.key is None and src.alloc.is_input and not src.alloc.mutable and
+    return (mask is None and borrowable(src) and
             dst.buffer is sbuf and dst.key is None and not dst.alloc.written and not dst.alloc.viewed and
             dst.batch == _context.current().frame and dst.dtype == values.dtype and tile_shape(values) == dst.shape)
 
@@ -173,7 +173,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     region = _region(dst)
     add = accumulate if accumulate is not None else region in groups
     frame = _context.current().frame
-    if not frame and not is_transpose and dst.key is None and dst.dtype == torch.float32:
+    if not frame and not dst.batch and not is_transpose and dst.key is None and dst.dtype == torch.float32:
         if add:  # accumulate in place, as PSUM does
             dst.read(what="nisa.nc_matmul accumulate", accumulating=True)
             dst.data.addmm_(s.t().float(), m.float())
@@ -195,6 +195,9 @@ def _batched_product(s, m, dst, is_transpose, accumulate):
     ctx = _context.current()
     n = len(ctx.frame)
     summed = [i for i, f in enumerate(ctx.frame) if f not in dst.batch]
+    if summed and dst.dtype != torch.float32:
+        raise Unbatchable({ctx.frame[i] for i in summed}, "accumulating into a low-precision tile rounds at every "
+                          "iteration")
     if summed and accumulate is False:
         raise Unbatchable({ctx.frame[i] for i in summed}, "matmuls of a batched loop overwrite one PSUM tile")
     if is_transpose:  # `moving` is an identity: the instruction transposes the stationary operand

@@ -11,7 +11,8 @@ from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError, kernel_position
 from torchneuron.nki._ops import (as_dtype, check_one_psum_input, check_partitions, compute, lead, make_result,
                                   operand, record, result_dtype, tile_shape, wrap_torch_errors)
-from torchneuron.nki._tile import IndexExpr, NkiTensor, ds, hbm, new_tile, private_hbm, psum, sbuf, shared_hbm
+from torchneuron.nki._tile import (IndexExpr, NkiTensor, borrowable, ds, hbm, new_tile, private_hbm, psum, sbuf,
+                                   shared_hbm)
 
 __all__ = ["sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ds", "tile_size"]
 
@@ -205,7 +206,7 @@ def load(src, mask=None, dtype=None, **kwargs):
     check_partitions(tile_shape(values), f"nl.load of {src.describe()}")
     record("dma", "load", tile_shape(values), src.dtype, src="hbm", dst="sbuf")
     out_dtype = as_dtype(dtype) or src.dtype
-    if mask is None and out_dtype == src.dtype and src.key is None and src.alloc.is_input and not src.alloc.mutable:
+    if mask is None and out_dtype == src.dtype and borrowable(src):
         tile = make_result(values, out_dtype, "nl.load")  # no copy until written (NkiTensor.borrow)
         tile.borrow(tile.data)
         return tile
