@@ -180,3 +180,76 @@ def test_aliased_mutable_arguments_are_not_batched():
     shift(a, a)
     np.testing.assert_array_equal(a, expected)
     assert plan_of(shift).unbatchable is None
+
+
+def test_loop_dependent_masks_batch_when_tiles_fit():
+    @nki.jit
+    def kernel(a):
+        n, d = a.shape
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        for t in nl.affine_range((n + 127) // 128):
+            rows = t * 128 + nl.arange(128)[:, None]
+            cols = nl.arange(d)[None, :]
+            keep = (rows < n) & (cols < d - 1)          # moves with t: a loop mask
+            nl.store(out[rows, cols], value=nl.load(a[rows, cols], mask=keep) + 1, mask=keep)
+            nl.store(out[rows, nl.arange(1)[None, :] + (d - 1)], value=nl.zeros((128, 1), a.dtype))
+        return out
+
+    a = rand(512, 8)
+    expected = np.concatenate([a[:, :7] + 1, np.zeros((512, 1), np.float32)], axis=1)
+    np.testing.assert_allclose(kernel(a), expected)
+    assert plan_of(kernel).unbatchable == frozenset()
+
+
+def test_low_precision_accumulators_run_sequentially():
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 1), nl.bfloat16)
+        for i in nl.affine_range(512):
+            acc += 0.01                                   # rounds to bf16 at every step, as hardware does
+        nl.store(out, value=acc)
+        return out
+
+    out = kernel(np.zeros((1, 1), np.float32))
+    expected = torch.zeros(128, 1, dtype=torch.bfloat16)
+    for _ in range(512):
+        expected += 0.01
+    torch.testing.assert_close(out, expected)
+    assert plan_of(kernel).unbatchable  # the loop runs sequentially
+
+
+def test_loads_do_not_share_memory_with_inputs_the_kernel_writes():
+    @nki.jit(mutates_args=("b",))
+    def kernel(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(b, value=nl.zeros(a.shape, a.dtype))     # b may be a
+        nl.store(out, value=t)
+        return out
+
+    x = rand(128, 4)
+    original = x.copy()
+    np.testing.assert_array_equal(kernel(x, x), original)
+    np.testing.assert_array_equal(x, 0)
+
+
+def test_overlapping_numpy_views_count_as_aliases():
+    @nki.jit(mutates_args=("dst",))
+    def shift(src, dst):
+        for i in nl.affine_range(3):
+            nl.store(dst[i + 1:i + 2, :], value=nl.load(src[i:i + 1, :]))
+
+    base = np.arange(4, dtype=np.float32).reshape(4, 1).repeat(8, axis=1)
+    shift(base[0:3], base)     # src is a view into dst
+    np.testing.assert_array_equal(base[:, 0], [0, 0, 0, 0])
+    assert plan_of(shift).unbatchable is None
+
+
+def test_a_grid_kernel_cannot_be_called_from_a_kernel():
+    @nki.jit
+    def outer(a):
+        return add_spmd[2](a, a)
+
+    with pytest.raises(nki.NKIError, match="nested-grid"):
+        outer(rand(256, 256))
