@@ -9,7 +9,7 @@ import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import _kernel
 from tests.nki.test_isa import tiled_matmul
-from tests.nki.test_language import add_spmd, rand
+from tests.nki.test_language import add_spmd, masked_copy, rand
 
 
 def plan_of(kernel):
@@ -73,17 +73,20 @@ def test_loops_that_cannot_batch_run_sequentially_and_stay_correct():
     assert len(plan_of(triangle).unbatchable) == 1
 
 
-def test_accumulation_across_a_batched_loop_sums_every_iteration():
-    @nki.jit
-    def kernel(a):
-        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-        acc = nl.zeros((128, 8), nl.float32)
-        for j in nl.affine_range(a.shape[1] // 8):
-            acc += nl.load(a[:, j * 8:(j + 1) * 8])
-            acc += 1.0                              # the same value in every iteration counts each time
-        nl.store(out, value=acc)
-        return out
+@nki.jit
+def accumulate(a, step: float = 1.0):
+    """Sums the 8-column blocks of ``a`` plus ``step`` per block into an accumulator of a's dtype."""
+    out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+    acc = nl.zeros((128, 8), a.dtype)
+    for j in nl.affine_range(a.shape[1] // 8):
+        acc += nl.load(a[:, j * 8:(j + 1) * 8])
+        acc += step                                 # the same value in every iteration counts each time
+    nl.store(out, value=acc)
+    return out
 
+
+def test_accumulation_across_a_batched_loop_sums_every_iteration():
+    kernel = nki.jit(accumulate.fn)
     a = rand(128, 64)
     np.testing.assert_allclose(kernel(a), a.reshape(128, 8, 8).sum(axis=1) + 8, rtol=1e-5, atol=1e-5)
     assert plan_of(kernel).unbatchable == frozenset()
@@ -183,38 +186,21 @@ def test_aliased_mutable_arguments_are_not_batched():
 
 
 def test_loop_dependent_masks_batch_when_tiles_fit():
-    @nki.jit
-    def kernel(a):
-        n, d = a.shape
-        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-        for t in nl.affine_range((n + 127) // 128):
-            rows = t * 128 + nl.arange(128)[:, None]
-            cols = nl.arange(d)[None, :]
-            keep = (rows < n) & (cols < d - 1)          # moves with t: a loop mask
-            nl.store(out[rows, cols], value=nl.load(a[rows, cols], mask=keep) + 1, mask=keep)
-            nl.store(out[rows, nl.arange(1)[None, :] + (d - 1)], value=nl.zeros((128, 1), a.dtype))
-        return out
-
+    kernel = nki.jit(masked_copy.fn)   # its mask moves with the loop; 512 rows: every tile fits
     a = rand(512, 8)
-    expected = np.concatenate([a[:, :7] + 1, np.zeros((512, 1), np.float32)], axis=1)
-    np.testing.assert_allclose(kernel(a), expected)
+    np.testing.assert_allclose(kernel(a), a * 2)
     assert plan_of(kernel).unbatchable == frozenset()
+    ragged = nki.jit(masked_copy.fn)   # 300 rows: the last tile reaches past the end
+    np.testing.assert_allclose(ragged(rand(300, 8)), rand(300, 8) * 2)
+    assert len(plan_of(ragged).unbatchable) == 1
 
 
 def test_low_precision_accumulators_run_sequentially():
-    @nki.jit
-    def kernel(a):
-        out = nl.ndarray((128, 1), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-        acc = nl.zeros((128, 1), nl.bfloat16)
-        for i in nl.affine_range(512):
-            acc += 0.01                                   # rounds to bf16 at every step, as hardware does
-        nl.store(out, value=acc)
-        return out
-
-    out = kernel(np.zeros((1, 1), np.float32))
-    expected = torch.zeros(128, 1, dtype=torch.bfloat16)
+    kernel = nki.jit(accumulate.fn)
+    out = kernel(torch.zeros(128, 8 * 512, dtype=torch.bfloat16), 0.01)
+    expected = torch.zeros(128, 8, dtype=torch.bfloat16)
     for _ in range(512):
-        expected += 0.01
+        expected += 0.01                          # rounds to bf16 at every step, as hardware does
     torch.testing.assert_close(out, expected)
     assert plan_of(kernel).unbatchable  # the loop runs sequentially
 

@@ -87,8 +87,9 @@ def masked_copy(a):
     for t in nl.affine_range((n + 127) // 128):
         i_p = t * 128 + nl.arange(128)[:, None]
         i_f = nl.arange(d)[None, :]
-        x = nl.load(a[i_p, i_f], mask=(i_p < n))
-        nl.store(out[i_p, i_f], value=x * 2, mask=(i_p < n))
+        inside = (i_p < n) & (i_f < d)            # a mask that moves with t (rows) and one that does not
+        x = nl.load(a[i_p, i_f], mask=inside)
+        nl.store(out[i_p, i_f], value=x * 2, mask=inside)
     return out
 
 

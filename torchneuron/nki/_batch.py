@@ -24,7 +24,26 @@ class Unbatchable(Exception):
         self.loops = frozenset(loops)
 
 
-class Affine:
+class Additive:
+    """``+``, ``-`` and ``*`` from the right, and ``-``, derived from a class's ``__add__``,
+    ``__neg__`` and ``__mul__`` (both operand orders commute)."""
+
+    __slots__ = ()
+
+    def __radd__(self, other):
+        return self + other
+
+    def __sub__(self, other):
+        return self + (-other)
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __rmul__(self, other):
+        return self * other
+
+
+class Affine(Additive):
     """An integer that depends on batched loop indices: ``const + sum(coeff[L] * index_L)``."""
 
     __slots__ = ("const", "coeffs")
@@ -53,16 +72,8 @@ class Affine:
             return Affine(self.const + other, self.coeffs)
         return NotImplemented
 
-    __radd__ = __add__
-
     def __neg__(self):
         return Affine(-self.const, {k: -v for k, v in self.coeffs.items()})
-
-    def __sub__(self, other):
-        return self + (-other)
-
-    def __rsub__(self, other):
-        return (-self) + other
 
     def __mul__(self, other):
         if isinstance(other, int):
@@ -70,8 +81,6 @@ class Affine:
         if isinstance(other, Affine):
             self._unbatchable("a product")
         return NotImplemented
-
-    __rmul__ = __mul__
 
     def __floordiv__(self, other):
         self._unbatchable("integer division")

@@ -66,8 +66,6 @@ class CallContext:
     cost: object = None                 # a CostRecorder in the check pass when estimating
     sbuf_in_use: int = 0                # bytes per partition held by live tiles
     psum_in_use: int = 0                # banks held by live PSUM tiles
-    sbuf_peak: int = 0
-    psum_peak: int = 0
     # batched execution (see _batch): the loops running batched, outermost first
     batching: bool = False
     unbatchable: set = field(default_factory=set)   # loop sites that run sequentially
@@ -83,9 +81,6 @@ class CallContext:
 
     def pop_loop(self, loop: int) -> None:
         self.frame = tuple(f for f in self.frame if f != loop)
-
-    def frame_shape(self) -> list:
-        return [self.loop_sizes[loop] for loop in self.frame]
 
     def allocate(self, owner, buffer_name: str, shape, itemsize: int) -> None:
         """Accounts a new on-chip tile until ``owner`` is garbage; raises when the buffer is full."""
@@ -103,7 +98,6 @@ class CallContext:
                                f"{self.platform.psum_banks} PSUM banks of {self.platform.target} are held by live "
                                "tiles; reuse a tile or let one go out of scope")
             self.psum_in_use += 1
-            self.psum_peak = max(self.psum_peak, self.psum_in_use)
             weakref.finalize(owner, self._release_psum)
         else:
             capacity = self.platform.sbuf_partition_bytes
@@ -112,7 +106,6 @@ class CallContext:
                                f"per partition, but {self.sbuf_in_use} of the {capacity} bytes ({capacity // 1024} KiB) "
                                f"per partition of {self.platform.target} are held by live tiles")
             self.sbuf_in_use += per_partition
-            self.sbuf_peak = max(self.sbuf_peak, self.sbuf_in_use)
             weakref.finalize(owner, self._release_sbuf, per_partition)
 
     def _release_psum(self):

@@ -25,9 +25,9 @@ def kernel_position():
     return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
-def kernel_line(position=None):
-    """(file, line number, source text) of the kernel line (``position`` if given)."""
-    position = position or kernel_position()
+def kernel_line():
+    """(file, line number, source text) of the kernel line."""
+    position = kernel_position()
     if position is None:
         return None
     return position[0], position[1], linecache.getline(*position).strip()
@@ -39,9 +39,9 @@ class NKIError(RuntimeError):
     Raised while the kernel is checked, before anything runs, so outputs are never written.
     """
 
-    def __init__(self, rule: str, message: str, line=None):
+    def __init__(self, rule: str, message: str):
         self.rule = rule
-        self.line = line if line is not None else kernel_line()
+        self.line = kernel_line()
         where = ""
         if self.line is not None:
             filename, lineno, text = self.line

@@ -24,7 +24,7 @@ from torchneuron.nki._cost import CostRecorder
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import Allocation, NkiTensor, hbm, shared_hbm
 
-_KNOWN_OPTIONS = {"mode", "mutates_args", "platform_target"}
+_KNOWN_OPTIONS = {"platform_target"}
 
 
 class _PlanCache(dict):
@@ -45,8 +45,6 @@ class Plan:
 
     outputs: list          # (shape, dtype) of each shared_hbm tensor, in declaration order
     returns: object        # the return structure: ("out", i), ("in", name), None, or a tuple/list of these
-    sbuf_peak: int
-    psum_peak: int
     unbatchable: frozenset | None = None  # loop sites run one iteration at a time; None: batch nothing
     batching_note: str = ""                # why loops run sequentially (for users and tests)
 
@@ -159,7 +157,7 @@ class Kernel:
             ctx.cost = CostRecorder(ctx.platform)
         ctx.batchable = any(g > 1 for g in self.grid)
         returns = self._run(arguments, ctx, stand_ins)
-        plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns, ctx.sbuf_peak, ctx.psum_peak)
+        plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns)
         if not cost:
             expected = [t.data for t in ctx.outputs] + [stand_ins[n] for n in self.mutates_args if n in stand_ins]
             if not ctx.batchable:
@@ -176,7 +174,7 @@ class Kernel:
     def _choose_batching(self, arguments, pristine, plan, expected, target):
         """Which affine_range loops (and grid) run batched: trial runs on the check pass's data,
         dropping the loops that cannot be batched, until one runs and matches the sequential result."""
-        if not _batching_enabled():
+        if not BATCHING:
             return None, "batching disabled (TORCHNEURON_NKI_BATCH=0)"
         unbatchable = set()
         for _ in range(32):
@@ -248,8 +246,8 @@ class Kernel:
         n_in = len(names)
 
         def task(views):
-            self.execute({**scalars, **dict(zip(names, views[:n_in]))}, plan, dict(zip(names, views[:n_in])),
-                         list(views[n_in:]))
+            inputs = dict(zip(names, views[:n_in]))
+            self.execute({**scalars, **inputs}, plan, inputs, list(views[n_in:]))
 
         _C._enqueue_host_task(f"nki kernel {self.fn.__name__}", list(tensors.values()) + outputs, task)
         _tasks_enqueued()
@@ -286,10 +284,6 @@ def _outside_graph():
     if _disabled_call is None:
         _disabled_call = torch.compiler.disable(Kernel.__call__, recursive=True)
     return _disabled_call
-
-
-def _batching_enabled():
-    return BATCHING
 
 
 def _agree(expected, got):

@@ -6,7 +6,7 @@ import torch
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki._tile import IndexExpr, LoopMask, NkiTensor, new_tile, psum, sbuf
+from torchneuron.nki._tile import NkiTensor, keep_only, mask_array, new_tile, psum, sbuf
 
 _DTYPES = {
     "bool": torch.bool, "bool_": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -114,15 +114,7 @@ def make_result(values, dtype, what, mask=None, buffer=sbuf, transient=False):
     ``mask`` are zero."""
     shape = tile_shape(values)
     check_partitions(shape, what)
-    if isinstance(mask, LoopMask):
-        if not bool(mask.keep.all()):
-            values = torch.where(mask.keep, values, torch.zeros((), dtype=values.dtype))
-    elif mask is not None:
-        keep = np.broadcast_to(mask.concrete() if isinstance(mask, IndexExpr) else mask, shape)
-        if not keep.all():
-            values = torch.where(torch.from_numpy(np.array(keep)), values,
-                                 torch.zeros((), dtype=values.dtype))
-    values = values.to(dtype)
+    values = keep_only(values, mask_array(mask, shape)).to(dtype)
     return new_tile(shape, dtype, buffer, name=f"result of {what}", data=values, written=True, transient=transient)
 
 

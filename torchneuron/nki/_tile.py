@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki._batch import Affine, Unbatchable, simplify
+from torchneuron.nki._batch import Additive, Affine, Unbatchable, simplify
 from torchneuron.nki._errors import NKIError, kernel_position
 
 
@@ -51,7 +51,7 @@ class Allocation:
         return f"{self.name} (allocated at line {self.line[1]})"
 
 
-class IndexExpr:
+class IndexExpr(Additive):
     """Integer (or, after a comparison, boolean) indices built from ``nl.arange``: a NumPy array plus
     an offset that is an int or, in a batched loop, an ``Affine`` loop-dependent value."""
 
@@ -89,23 +89,13 @@ class IndexExpr:
             return IndexExpr(self.values, simplify(Affine.of(self.offset) + other))
         return IndexExpr(self.values + other, self.offset)
 
-    __radd__ = __add__
-
     def __neg__(self):
         return IndexExpr(-self.values, simplify(-Affine.of(self.offset)))
-
-    def __sub__(self, other):
-        return self + (-other)
-
-    def __rsub__(self, other):
-        return (-self) + other
 
     def __mul__(self, other):
         if isinstance(other, int):
             return IndexExpr(self.values * other, simplify(Affine.of(self.offset) * other))
         return IndexExpr(self.concrete() * _values(other))
-
-    __rmul__ = __mul__
 
 
 def _values(x):
@@ -331,6 +321,23 @@ def _basic_view(t, key):
     return NkiTensor(data, t.buffer, t.alloc, batch=tuple(loops))
 
 
+def mask_array(mask, shape):
+    """A mask as a boolean array of ``shape`` (a LoopMask: its frame-aligned tensor); None when it
+    keeps everything."""
+    if mask is None:
+        return None
+    m = mask.keep if isinstance(mask, LoopMask) else np.broadcast_to(_values(mask), shape)
+    return None if bool(m.all()) else m
+
+
+def keep_only(values, m):
+    """``values`` with the elements outside ``m`` (from mask_array) set to zero."""
+    if m is None:
+        return values
+    keep = m if isinstance(m, torch.Tensor) else torch.from_numpy(np.array(m))
+    return torch.where(keep, values, torch.zeros((), dtype=values.dtype))
+
+
 def align(data, batch, frame):
     """``data`` (leading dims: ``batch`` loops) seen from ``frame``: one leading dim per active loop
     (size 1 where it does not vary); loops that have ended contribute their last iteration."""
@@ -451,7 +458,7 @@ class NkiTensor:
             if mask.frame != _context.current().frame or self.key is not None:
                 raise Unbatchable(set(mask.frame) | set(_context.current().frame), "a loop-dependent mask used "
                                   "outside its loop, or on a gather")
-            return None if bool(mask.keep.all()) else mask.keep
+            return mask_array(mask, self.shape)
         m = np.broadcast_to(_values(mask), self.shape) if mask is not None else None
         if self.key is not None:
             inside = np.ones(self.shape, dtype=bool)
@@ -464,9 +471,7 @@ class NkiTensor:
             if m is not None and not inside[m].all():
                 raise NKIError("out-of-bounds", f"an access to {self.describe()} reaches outside it at positions "
                                "the mask keeps")
-        if m is not None and m.all():  # a mask that keeps everything (a full tile) costs nothing
-            return None
-        return m
+        return mask_array(m, self.shape)  # a mask that keeps everything (a full tile) costs nothing
 
     def _torch_key(self):
         return tuple(torch.from_numpy(np.clip(a, 0, n - 1)) if isinstance(a, np.ndarray) else a
@@ -492,10 +497,7 @@ class NkiTensor:
         frame = _context.current().frame
         if self.batch or frame:
             value = align(value, self.batch, frame)
-        if m is not None:
-            keep = m if isinstance(m, torch.Tensor) else torch.from_numpy(np.array(m))
-            value = torch.where(keep, value, torch.zeros((), dtype=value.dtype))
-        return value
+        return keep_only(value, m)
 
     def write(self, value, mask=None, what="write", fresh=False, accumulating=False):
         """Stores ``value`` (a torch tensor aligned to the current loop frame, or a Python scalar).

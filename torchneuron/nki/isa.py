@@ -317,9 +317,8 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, 
 def _reduce_into(out, cmd, reduce_res, what):
     """The scalar engine's per-partition accumulation registers, which persist across instructions."""
     ctx = _context.current()
-    n = len(ctx.frame)
-    sums = out.reshape(list(out.shape[:n]) + [out.shape[n], -1]).sum(dim=-1, keepdim=True)
-    regs = getattr(ctx, "reduce_regs", None)
+    sums = _per_partition(out).sum(dim=-1, keepdim=True)
+    regs = ctx.reduce_regs
     if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce) or regs is None or regs.shape[-2] != sums.shape[-2]:
         regs = torch.zeros_like(sums)
     elif ctx.frame:
@@ -361,8 +360,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.
     record("vector", "exponential", dst.shape, dst.dtype)
     dst_write(dst, out, "nisa.exponential", fresh=True)
     if reduce_res is not None:
-        n = lead()
-        total = out.reshape(list(out.shape[:n]) + [out.shape[n], -1]).sum(dim=-1, keepdim=True) + reduce_init
+        total = _per_partition(out).sum(dim=-1, keepdim=True) + reduce_init
         dst_write(reduce_res, total, "nisa.exponential reduce_res")
 
 

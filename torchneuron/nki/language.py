@@ -210,7 +210,7 @@ def load(src, mask=None, dtype=None, **kwargs):
         tile = make_result(values, out_dtype, "nl.load")  # no copy until written (NkiTensor.borrow)
         tile.borrow(tile.data)
         return tile
-    return make_result(values.to(out_dtype, copy=True), out_dtype, "nl.load", mask)
+    return make_result(values.to(out_dtype, copy=True), out_dtype, "nl.load")  # read() applied the mask
 
 
 def store(dst, value, mask=None, **kwargs):
