@@ -8,6 +8,7 @@
 #include "backend/Allocator.h"
 #include "backend/Current.h"
 #include "backend/Generator.h"
+#include "distributed/Python.h"
 #include "runtime/Runtime.h"
 
 namespace py = pybind11;
@@ -141,4 +142,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_executed_ops", &aten::executed_ops);
   m.def("_fallback_ops", &aten::fallback_ops);
   m.def("_clear_op_tracking", &aten::clear_op_tracking);
+
+  // the neuron c10d backend
+  distributed::bind(m);
 }

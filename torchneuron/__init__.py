@@ -12,6 +12,7 @@ import torch
 from torchneuron import _C  # noqa: F401  (registers the ATen kernels, guard, hooks, allocator)
 from torchneuron import _flex_attention  # noqa: F401  (FlexAttention accepts neuron tensors)
 from torchneuron import _rnn_cells  # noqa: F401  (the fused LSTM/GRU cells PyTorch expects of a device)
+from torchneuron import distributed as _distributed  # noqa: F401  (the "neuron" c10d backend)
 from torchneuron import neuron as _neuron_module
 from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_ops
 
