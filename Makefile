@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BUILD_STAMP := $(VENV)/.torchneuron-built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: env build demo test test-slow bench conformance info clean
+.PHONY: env build demo test test-distributed test-slow bench conformance info clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: build
 
 test: build
 	$(PY) -m pytest -q
+
+# Two-rank tests: collectives, faults, every parallelism style (tests/distributed).
+test-distributed: build
+	$(PY) -m pytest -q -m distributed tests/distributed
 
 test-slow: build
 	$(PY) -m pytest -q -m slow

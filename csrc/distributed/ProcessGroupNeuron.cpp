@@ -73,6 +73,40 @@ void finish(const WorkPtr& work) {
   if (work) work->wait();
 }
 
+// Gloo calls std::terminate when a peer sends more bytes than a collective
+// expects (ranks passed different shapes). The process cannot survive that,
+// but it can say which collective it was in and how to get an exception.
+std::mutex inflight_mutex;
+std::string inflight;
+std::terminate_handler previous_terminate = nullptr;
+
+[[noreturn]] void on_terminate() {
+  std::unique_lock<std::mutex> lock(inflight_mutex, std::try_to_lock);
+  if (lock.owns_lock() && !inflight.empty())
+    std::fprintf(stderr,
+                 "torchneuron: aborting during %s. Gloo aborts the process when ranks pass tensors of different "
+                 "sizes to a collective; with TORCH_DISTRIBUTED_DEBUG=DETAIL the ranks compare shapes first and "
+                 "raise an error instead.\n",
+                 inflight.c_str());
+  if (previous_terminate) previous_terminate();
+  std::abort();
+}
+
+void note_inflight(std::string what) {
+  static std::once_flag installed;
+  std::call_once(installed, [] { previous_terminate = std::set_terminate(on_terminate); });
+  std::lock_guard<std::mutex> lock(inflight_mutex);
+  inflight = std::move(what);
+}
+
+std::string signature(const char* op, uint64_t seq, int rank, const std::vector<at::Tensor>& views) {
+  std::ostringstream s;
+  s << op << " #" << seq << " on rank " << rank << " (tensors";
+  for (const auto& v : views) s << " " << v.scalar_type() << v.sizes();
+  s << ")";
+  return s.str();
+}
+
 }  // namespace
 
 ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -165,6 +199,9 @@ std::string ProcessGroupNeuron::describe_failure(const char* op, uint64_t seq, i
 WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<at::Tensor>& tensors,
                                    std::vector<at::Tensor> results, Body body, int peer) {
   check_usable(op);
+  TORCH_CHECK_NOT_IMPLEMENTED(!coalescing_ || lane == Lane::Collective, op,
+                              " inside a coalescing region is not supported by the neuron backend; use "
+                              "batch_isend_irecv for point-to-point batches");
   const c10::DeviceIndex device = tensors.front().device().index();
   TORCH_CHECK(!runtime::device_capturing(device), op, ": collectives cannot be captured into a neuron graph (",
               tensors.front().device(), " is capturing)");
@@ -194,6 +231,7 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
     for (const auto& s : snapshots) views.push_back(s.view(&shared));
     try {
       if (seq) self->store_->set("neuron_progress/" + std::to_string(self->getRank()), std::to_string(seq));
+      if (seq) note_inflight(signature(op, seq, self->getRank(), views));
       body(views);
     } catch (const std::exception& e) {
       std::string what = self->describe_failure(op, seq, peer, e);
@@ -212,7 +250,30 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
   c10d::OpType type = lane == Lane::Send   ? c10d::OpType::SEND
                       : lane == Lane::Recv ? c10d::OpType::RECV
                                            : c10d::OpType::UNKNOWN;
-  return c10::make_intrusive<WorkNeuron>(getRank(), type, op, stream, task, outcome, std::move(results));
+  auto work = c10::make_intrusive<WorkNeuron>(getRank(), type, op, stream, task, outcome, std::move(results));
+  if (coalescing_) last_coalesced_ = work;
+  return work;
+}
+
+namespace {
+c10::intrusive_ptr<c10d::Work> completed_work() {
+  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+  return c10d::Work::create_from_future(done);
+}
+}  // namespace
+
+void ProcessGroupNeuron::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "startCoalescing: the neuron process group is already coalescing");
+  coalescing_ = true;
+  last_coalesced_.reset();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::endCoalescing() {
+  TORCH_CHECK(coalescing_, "endCoalescing: the neuron process group is not coalescing");
+  coalescing_ = false;
+  auto work = std::move(last_coalesced_);
+  return work ? work : completed_work();
 }
 
 WorkPtr ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
@@ -437,9 +498,7 @@ WorkPtr ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
   o.device_ids.clear();
   o.device.reset();
   gloo_->barrier(o)->wait();
-  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
-  return c10d::Work::create_from_future(done);
+  return completed_work();
 }
 
 void ProcessGroupNeuron::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

@@ -78,6 +78,12 @@ class ProcessGroupNeuron : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
+  // Old-style coalescing (`_coalescing_manager(device=...)`): the collectives
+  // inside run as they are issued; the region's Work is its last one, since
+  // one stream runs them in order.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return issued_.load(); }
   // Waits for every communication task of this group, then stops Gloo.
@@ -102,7 +108,9 @@ class ProcessGroupNeuron : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::chrono::milliseconds timeout_;
-  std::atomic<uint64_t> issued_{0};  // collectives launched (p2p ops are not numbered)
+  std::atomic<uint64_t> issued_{0};
+  bool coalescing_ = false;
+  c10::intrusive_ptr<c10d::Work> last_coalesced_;  // collectives launched (p2p ops are not numbered)
   // The first communication failure; the group refuses work after it (as
   // NCCL aborts its communicator), since Gloo's pairs are left mid-transfer.
   mutable std::mutex failure_mutex_;
