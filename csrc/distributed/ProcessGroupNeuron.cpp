@@ -27,13 +27,22 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) 
   return out;
 }
 
+// Tasks capture list lengths, never the caller's tensors: a task's captures
+// die on the stream's thread, and a tensor with a Python object would need
+// the GIL there (which the host may hold while it waits for that stream).
+std::vector<size_t> lengths(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<size_t> out;
+  for (const auto& l : lists) out.push_back(l.size());
+  return out;
+}
+
 // Rebuilds lists of the given lengths from `views`, starting at `first`.
-std::vector<std::vector<at::Tensor>> lists_like(const std::vector<std::vector<at::Tensor>>& shape,
-                                                const std::vector<at::Tensor>& views, size_t first) {
+std::vector<std::vector<at::Tensor>> lists_like(const std::vector<size_t>& lens, const std::vector<at::Tensor>& views,
+                                                size_t first) {
   std::vector<std::vector<at::Tensor>> out;
-  for (const auto& l : shape) {
-    out.emplace_back(views.begin() + first, views.begin() + first + l.size());
-    first += l.size();
+  for (size_t n : lens) {
+    out.emplace_back(views.begin() + first, views.begin() + first + n);
+    first += n;
   }
   return out;
 }
@@ -321,7 +330,7 @@ WorkPtr ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outp
   auto all = concat(inputs, flat(outputs));
   if (on_cpu("all_gather", all)) return gloo_->allgather(outputs, inputs, opts);
   return launch("all_gather", Lane::Collective, all, flat(outputs),
-                [gloo = gloo_, opts, shape = outputs, n = inputs.size()](std::vector<at::Tensor>& v) {
+                [gloo = gloo_, opts, shape = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
                   auto in = slice(v, 0, n);
                   auto out = lists_like(shape, v, n);
                   finish(gloo->allgather(out, in, opts));
@@ -345,7 +354,7 @@ WorkPtr ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tens
   auto all = concat(inputs, flat(outputs));
   if (on_cpu("all_gather_coalesced", all)) return gloo_->allgather_coalesced(outputs, inputs, opts);
   return launch("all_gather_coalesced", Lane::Collective, all, flat(outputs),
-                [gloo = gloo_, opts, shape = outputs, n = inputs.size()](std::vector<at::Tensor>& v) {
+                [gloo = gloo_, opts, shape = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
                   auto in = slice(v, 0, n);
                   auto out = lists_like(shape, v, n);
                   finish(gloo->allgather_coalesced(out, in, opts));
@@ -371,7 +380,7 @@ WorkPtr ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs
   auto all = concat(inputs, flat(outputs));
   if (on_cpu("gather", all)) return gloo_->gather(outputs, inputs, opts);
   return launch("gather", Lane::Collective, all, flat(outputs),
-                [gloo = gloo_, opts, shape = outputs, n = inputs.size()](std::vector<at::Tensor>& v) {
+                [gloo = gloo_, opts, shape = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
                   auto in = slice(v, 0, n);
                   auto out = lists_like(shape, v, n);
                   finish(gloo->gather(out, in, opts));
@@ -383,7 +392,7 @@ WorkPtr ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs, std::vecto
   auto all = concat(outputs, flat(inputs));
   if (on_cpu("scatter", all)) return gloo_->scatter(outputs, inputs, opts);
   return launch("scatter", Lane::Collective, all, outputs,
-                [gloo = gloo_, opts, shape = inputs, n = outputs.size()](std::vector<at::Tensor>& v) {
+                [gloo = gloo_, opts, shape = lengths(inputs), n = outputs.size()](std::vector<at::Tensor>& v) {
                   auto out = slice(v, 0, n);
                   auto in = lists_like(shape, v, n);
                   finish(gloo->scatter(out, in, opts));
@@ -398,7 +407,7 @@ WorkPtr ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
   c10d::ReduceScatterOptions o = opts;
   Average avg("reduce_scatter", o.reduceOp, all, getSize());
   return launch("reduce_scatter", Lane::Collective, all, outputs,
-                [gloo = gloo_, o, avg, shape = inputs, n = outputs.size()](std::vector<at::Tensor>& v) {
+                [gloo = gloo_, o, avg, shape = lengths(inputs), n = outputs.size()](std::vector<at::Tensor>& v) {
                   auto out = slice(v, 0, n);
                   auto in = lists_like(shape, v, n);
                   finish(gloo->reduce_scatter(out, in, o));
