@@ -79,7 +79,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   bool blocking = !(non_blocking && dst.is_pinned());
   // A blocking read sees the device's finished work on every stream, not only
   // the current one (forgiving where CUDA would leave a race to the user).
-  if (blocking) runtime::wait_device_idle(device);
+  if (blocking) runtime::wait_device_idle(device, /*include_communication=*/false);
   auto src_view = host_view(src);
   enqueue(device, "copy_ (device to host)", [src_view, dst]() mutable { dst.copy_(src_view); });
   if (blocking) backend::synchronize_stream(backend::current_stream(device));

@@ -252,7 +252,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     torch::jit::Stack inputs, outputs;
   };
   auto run = std::make_shared<Run>();
-  runtime::wait_device_idle(device);  // like a blocking copy to the host: see every stream's work
+  runtime::wait_device_idle(device, /*include_communication=*/false);  // as a blocking copy to the host
   enqueue(device, info.name, [op, host = host_arguments(op, info, args, device), run] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     run->inputs = host.materialize();

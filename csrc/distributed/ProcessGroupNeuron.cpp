@@ -133,7 +133,7 @@ c10::Stream ProcessGroupNeuron::lane_stream(Lane lane, c10::DeviceIndex device) 
   std::lock_guard<std::mutex> lock(streams_mutex_);
   if (lane_streams_.size() <= size_t(device)) lane_streams_.resize(device + 1, {-1, -1, -1});
   int& id = lane_streams_[device][int(lane)];
-  if (id < 0) id = int(backend::stream_from_pool(device, -1).id());
+  if (id < 0) id = runtime::communication_stream(device);
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
 }
 

@@ -115,7 +115,8 @@ class ProcessGroupNeuron : public c10d::Backend {
   // NCCL aborts its communicator), since Gloo's pairs are left mid-transfer.
   mutable std::mutex failure_mutex_;
   std::shared_ptr<const std::string> failure_;
-  // Lane streams per device, taken from the high-priority pool on first use.
+  // Lane streams per device: communication streams, taken on first use, so
+  // groups do not share them (ranks may order two groups' work differently).
   std::mutex streams_mutex_;
   std::vector<std::array<int, 3>> lane_streams_;
 };

@@ -146,7 +146,7 @@ namespace {
 
 struct DeviceStreams {
   std::array<std::atomic<Stream*>, kStreamsPerDevice> streams{};
-  std::atomic<uint32_t> next_low{0}, next_high{0};
+  std::atomic<uint32_t> next_low{0}, next_high{0}, next_communication{0};
   std::mutex create_mutex;
 };
 
@@ -168,7 +168,7 @@ Stream& get_stream(int device, int id) {
   std::lock_guard<std::mutex> lock(ds.create_mutex);
   s = ds.streams[id].load(std::memory_order_acquire);
   if (!s) {
-    int priority = id > kPoolSize ? -1 : 0;
+    int priority = id > kPoolSize ? -1 : 0;  // the communication streams too
     s = new Stream(device, id, priority);
     ds.streams[id].store(s, std::memory_order_release);
   }
@@ -181,10 +181,15 @@ int stream_from_pool(int device, int priority) {
   return 1 + int(ds.next_low++ % kPoolSize);
 }
 
-void wait_device_idle(int device) {
+int communication_stream(int device) {
   DeviceStreams& ds = device_streams(device);
-  for (auto& slot : ds.streams)
-    if (Stream* s = slot.load(std::memory_order_acquire)) s->wait_until(s->enqueued());
+  return kFirstCommunicationStream + int(ds.next_communication++ % kPoolSize);
+}
+
+void wait_device_idle(int device, bool include_communication) {
+  DeviceStreams& ds = device_streams(device);
+  for (int id = 0; id < (include_communication ? kStreamsPerDevice : kFirstCommunicationStream); ++id)
+    if (Stream* s = ds.streams[id].load(std::memory_order_acquire)) s->wait_until(s->enqueued());
 }
 
 bool device_capturing(int device) {

@@ -80,16 +80,25 @@ void set_worker_start_hook(void (*hook)());
 
 // Stream table. Id 0 is a device's default stream; ids 1..kPoolSize are the
 // low-priority pool and kPoolSize+1..2*kPoolSize the high-priority pool, as in
-// CUDA's stream pools. Streams are created on first use and live forever.
+// CUDA's stream pools. The last kPoolSize ids are communication streams
+// (high priority), which collectives use as NCCL uses its internal streams.
+// Streams are created on first use and live forever.
 constexpr int kPoolSize = 32;
-constexpr int kStreamsPerDevice = 1 + 2 * kPoolSize;
+constexpr int kFirstCommunicationStream = 1 + 2 * kPoolSize;
+constexpr int kStreamsPerDevice = kFirstCommunicationStream + kPoolSize;
 Stream& get_stream(int device, int id);
 // Next stream of the pool for a priority (0 = low, negative = high), round robin.
 int stream_from_pool(int device, int priority);
+// Next communication stream of the device, round robin.
+int communication_stream(int device);
+inline bool is_communication_stream(int id) { return id >= kFirstCommunicationStream; }
 // Waits for every stream of a device, then rethrows the first error found.
 void synchronize_device(int device);
 // Waits for every stream of a device; errors stay for the next synchronize.
-void wait_device_idle(int device);
+// Blocking reads skip the communication streams: a transfer waiting for a
+// peer must not stall them (the peer may wait for this host), and its
+// result is ordered by Work.wait(), as with NCCL.
+void wait_device_idle(int device, bool include_communication = true);
 // Whether any stream of the device is capturing a graph.
 bool device_capturing(int device);
 

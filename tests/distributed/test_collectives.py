@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from tests.distributed.world import World
+
 WORLD = 2
 
 
@@ -334,3 +336,53 @@ def test_bad_input_is_refused_before_anything_is_sent(world):
         assert r["avg_int"][0] == "TypeError" and "AVG" in r["avg_int"][1]
         assert r["strided"][0] == "ValueError" and "not contiguous" in r["strided"][1]
         torch.testing.assert_close(r["after"], data(0) + data(1))
+
+
+# --- overlap and backend selection ------------------------------------------------
+
+def on_rank_overlap(rank, world_size):
+    if rank == 1:
+        time.sleep(1.5)  # joins late: rank 0's transfer is in flight meanwhile
+    t = neuron(data(rank, n=1024))
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    issued = time.monotonic() - start
+    a = torch.randn(128, 128, device="neuron")
+    b = (a @ a).sum()  # compute queued behind nothing but itself
+    torch.neuron.current_stream().synchronize()
+    computed = time.monotonic() - start
+    in_flight = not work.is_completed()
+    work.wait()
+    return issued, computed, in_flight, t.cpu(), b.item()
+
+
+def test_compute_overlaps_communication(world):
+    issued, computed, in_flight, reduced, _ = world.run(on_rank_overlap)[0]
+    assert issued < 0.5 and computed < 1.0, (issued, computed)
+    assert in_flight  # the caller's stream finished while the all_reduce still waited for rank 1
+    torch.testing.assert_close(reduced, data(0, n=1024) + data(1, n=1024))
+
+
+def on_rank_backend_choice(rank, world_size):
+    pg = dist.group.WORLD
+    neuron_backend = type(pg._get_backend(torch.device("neuron"))).__name__
+    try:
+        cpu_backend = type(pg._get_backend(torch.device("cpu"))).__name__
+    except RuntimeError:
+        cpu_backend = None
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2).to(f"neuron:{rank}"))
+    model(torch.ones(2, 3, device=f"neuron:{rank}")).sum().backward()
+    return neuron_backend, cpu_backend, on_rank_all_reduce(rank, world_size, "SUM", torch.float32)
+
+
+@pytest.mark.parametrize("backend, cpu", [(None, None), ("cpu:gloo,neuron:neuron", "ProcessGroupGloo")])
+def test_backend_selection(backend, cpu):
+    # init_process_group() with no backend takes the accelerator's (as NCCL for CUDA: neuron only);
+    # the device-map form pairs it with Gloo for CPU tensors. DDP works with both.
+    world = World(2, backend=backend)
+    try:
+        for neuron_backend, cpu_backend, reduced in world.run(on_rank_backend_choice):
+            assert neuron_backend == "_ProcessGroupNeuron" and cpu_backend == cpu
+            torch.testing.assert_close(reduced, data(0) + data(1))
+    finally:
+        world.close()

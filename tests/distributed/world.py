@@ -51,7 +51,7 @@ class RankDied(RuntimeError):
 
 
 class World:
-    def __init__(self, world_size: int = 2, backend: str = "neuron", timeout_s: float = 60.0, start_s: float = 120.0,
+    def __init__(self, world_size: int = 2, backend: str | None = "neuron", timeout_s: float = 60.0, start_s: float = 120.0,
                  env: dict | None = None, capture_stderr: bool = False):
         self.world_size = world_size
         self._dir = tempfile.TemporaryDirectory(prefix="tn-world-")
@@ -62,7 +62,7 @@ class World:
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.distributed.world", str(rank), str(world_size), host, str(port),
-                 os.path.join(self._dir.name, "store"), backend, str(timeout_s)],
+                 os.path.join(self._dir.name, "store"), str(backend), str(timeout_s)],
                 cwd=REPO, env=env, stderr=open(self._stderr[rank], "w") if capture_stderr else None,
             )
             for rank in range(world_size)
@@ -146,7 +146,7 @@ def _serve(rank: int, world_size: int, host: str, port: int, store_path: str, ba
     _send(conn, rank)
     try:
         torch.neuron.set_device(rank % torch.neuron.device_count())
-        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+        dist.init_process_group(None if backend == "None" else backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         _send(conn, ("ok", None))
     except BaseException:
