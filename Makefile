@@ -43,6 +43,7 @@ bench: build
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/compile.py
 	$(PY) benchmarks/nki.py
+	$(PY) benchmarks/distributed.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

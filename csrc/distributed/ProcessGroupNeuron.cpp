@@ -122,6 +122,35 @@ ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Store> store, in
                                        std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> gloo)
     : c10d::Backend(rank, size), store_(std::move(store)), gloo_(std::move(gloo)), timeout_(timeout) {
   TORCH_CHECK(gloo_, "ProcessGroupNeuron: a Gloo backend is required");
+  publisher_ = std::thread([this] { publish_progress(); });
+}
+
+ProcessGroupNeuron::~ProcessGroupNeuron() {
+  {
+    std::lock_guard<std::mutex> lock(publisher_mutex_);
+    stopping_ = true;
+  }
+  publisher_cv_.notify_all();
+  publisher_.join();
+}
+
+void ProcessGroupNeuron::publish_progress() {
+  const std::string key = "neuron_progress/" + std::to_string(getRank());
+  uint64_t published = 0;
+  std::unique_lock<std::mutex> lock(publisher_mutex_);
+  while (!stopping_) {
+    publisher_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    uint64_t reached = reached_.load();
+    if (reached == published) continue;
+    lock.unlock();
+    try {
+      store_->set(key, std::to_string(reached));
+      published = reached;
+    } catch (const std::exception&) {
+      // The store is gone (its host exited): failures will say so.
+    }
+    lock.lock();
+  }
 }
 
 void ProcessGroupNeuron::setTimeout(std::chrono::milliseconds timeout) {
@@ -173,7 +202,8 @@ std::string ProcessGroupNeuron::describe_failure(const char* op, uint64_t seq, i
   if (peer >= 0) {
     msg << " talking to rank " << peer;
   } else if (seq) {
-    // Ranks publish how far their device got; those behind never reached it.
+    // Ranks publish how far their devices got (publish_progress); those
+    // behind never reached this collective.
     std::vector<int> behind;
     std::ostringstream where;
     try {
@@ -239,8 +269,10 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
     views.reserve(snapshots.size());
     for (const auto& s : snapshots) views.push_back(s.view(&shared));
     try {
-      if (seq) self->store_->set("neuron_progress/" + std::to_string(self->getRank()), std::to_string(seq));
-      if (seq) note_inflight(signature(op, seq, self->getRank(), views));
+      if (seq) {
+        self->reached_.store(seq);
+        note_inflight(signature(op, seq, self->getRank(), views));
+      }
       body(views);
     } catch (const std::exception& e) {
       std::string what = self->describe_failure(op, seq, peer, e);
@@ -508,10 +540,6 @@ WorkPtr ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
   o.device.reset();
   gloo_->barrier(o)->wait();
   return completed_work();
-}
-
-void ProcessGroupNeuron::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  gloo_->monitoredBarrier(opts, wait_all_ranks);
 }
 
 void ProcessGroupNeuron::shutdown() {

@@ -16,9 +16,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "WorkNeuron.h"
@@ -30,6 +32,7 @@ class ProcessGroupNeuron : public c10d::Backend {
   // `gloo` is a ProcessGroupGloo over the same store, rank and size.
   ProcessGroupNeuron(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
                      c10::intrusive_ptr<c10d::Backend> gloo);
+  ~ProcessGroupNeuron() override;
 
   const std::string getBackendName() const override { return "neuron"; }
   bool supportsSplitting() const override { return false; }
@@ -76,7 +79,6 @@ class ProcessGroupNeuron : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   // Old-style coalescing (`_coalescing_manager(device=...)`): the collectives
   // inside run as they are issued; the region's Work is its last one, since
@@ -104,13 +106,22 @@ class ProcessGroupNeuron : public c10d::Backend {
   void check_usable(const char* op) const;
   std::string describe_failure(const char* op, uint64_t seq, int peer, const std::exception& e) const;
   c10::Stream lane_stream(Lane lane, c10::DeviceIndex device);
+  // Publishes `reached_` in the store every 100 ms when it changed, so a
+  // rank whose collective times out can tell which ranks never reached it,
+  // without a store round trip per collective.
+  void publish_progress();
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::chrono::milliseconds timeout_;
-  std::atomic<uint64_t> issued_{0};
+  std::atomic<uint64_t> issued_{0};   // collectives launched (p2p ops are not numbered)
+  std::atomic<uint64_t> reached_{0};  // the last collective this rank's device started
+  std::mutex publisher_mutex_;
+  std::condition_variable publisher_cv_;
+  bool stopping_ = false;
+  std::thread publisher_;
   bool coalescing_ = false;
-  c10::intrusive_ptr<c10d::Work> last_coalesced_;  // collectives launched (p2p ops are not numbered)
+  c10::intrusive_ptr<c10d::Work> last_coalesced_;
   // The first communication failure; the group refuses work after it (as
   // NCCL aborts its communicator), since Gloo's pairs are left mid-transfer.
   mutable std::mutex failure_mutex_;

@@ -5,6 +5,7 @@ the tests compute the expected values from the same per-rank inputs.
 """
 
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -386,3 +387,20 @@ def test_backend_selection(backend, cpu):
             torch.testing.assert_close(reduced, data(0) + data(1))
     finally:
         world.close()
+
+
+def on_rank_more(rank, world_size):
+    bits = neuron(torch.tensor([0b1100, 0b1010], dtype=torch.int32) >> rank)
+    dist.all_reduce(bits, op=dist.ReduceOp.BOR)
+    t = neuron(data(rank))
+    work = dist.all_reduce(t, async_op=True)
+    work.wait(timeout=timedelta(seconds=30))  # with a timeout the host waits too
+    done = work.is_completed()
+    return bits.cpu(), done, t.cpu()
+
+
+def test_bitwise_reduction_and_timed_wait(world):
+    for bits, done, t in world.run(on_rank_more):
+        assert bits.tolist() == [0b1100 | 0b0110, 0b1010 | 0b0101]
+        assert done
+        torch.testing.assert_close(t, data(0) + data(1))
