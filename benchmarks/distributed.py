@@ -105,7 +105,7 @@ def rank_main(rank: int, store_path: str, args) -> None:
     for op in ("all_reduce", "all_gather"):
         for kib in args.sizes_kib:
             nbytes = kib * 1024
-            iters = max(3, min(200, (64 << 20) // nbytes // 4))
+            iters = max(args.min_iters, min(200, (256 << 20) // nbytes))  # about 256 MiB per measurement
             neuron = collective_loop(op, dist.group.WORLD, f"neuron:{rank}", nbytes, iters)
             base = collective_loop(op, gloo, "cpu", nbytes, iters)
             t_neuron, t_gloo = interleaved(neuron, base, rounds=args.rounds, warmup=1)
@@ -133,6 +133,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=[1, 16, 256, 1024, 4096, 16384, 65536])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-iters", type=int, default=8, help="fewest collectives per measurement")
     parser.add_argument("--steps", type=int, default=5, help="DDP steps per measurement")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:

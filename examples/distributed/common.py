@@ -80,6 +80,22 @@ def shard(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return t.chunk(dist.get_world_size(), dim)[dist.get_rank()]
 
 
+def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """The mean of a per-rank value (SUM then divide: Gloo, behind --device cpu, has no AVG)."""
+    total = value.detach().clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
+def reference_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x, y) -> torch.Tensor:
+    """One plain single-process step on the full batch (MSE loss); returns the loss."""
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 @dataclass
 class Parity:
     """Collects comparisons of distributed results with the CPU reference.

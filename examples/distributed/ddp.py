@@ -12,11 +12,12 @@ batch with the mean loss, which is the same gradient.
 import copy
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import Parity, batches, log, mlp, parse_args, setup, shard, teardown
+from common import (
+    Parity, batches, log, mean_over_ranks, mlp, parse_args, reference_step, setup, shard, teardown,
+)
 
 MICRO = 2    # micro-batches per optimizer step
 BATCH = 16   # global batch per optimizer step
@@ -25,7 +26,6 @@ BATCH = 16   # global batch per optimizer step
 def main():
     args = parse_args(__doc__)
     device = setup(args)
-    world = dist.get_world_size()
 
     model = mlp()
     ref = copy.deepcopy(model)  # the independent single-process CPU reference
@@ -52,14 +52,10 @@ def main():
                 loss.backward()
             step_loss += loss.detach()
         opt.step()
-        dist.all_reduce(step_loss)  # gloo has no AVG: sum, then divide
-        step_loss /= world
+        step_loss = mean_over_ranks(step_loss)
 
         # Reference: the full batch at once, mean loss.
-        ref_opt.zero_grad()
-        ref_loss = F.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
+        ref_loss = reference_step(ref, ref_opt, x, y)
         parity.check(f"loss step {step}", step_loss, ref_loss)
 
     parity.check_all("param", dict(ddp.module.named_parameters()), dict(ref.named_parameters()))

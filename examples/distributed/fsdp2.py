@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from common import Parity, batches, log, mlp, parse_args, setup, shard, teardown
+from common import (
+    Parity, batches, log, mean_over_ranks, mlp, parse_args, reference_step, setup, shard, teardown,
+)
 
 BATCH = 16
 
@@ -60,14 +62,9 @@ def run_phase(name, device, mesh, steps, tol=None, **fsdp_kwargs) -> Parity:
         loss = F.mse_loss(model(shard(x).to(device)).float(), shard(y).to(device))
         loss.backward()
         opt.step()
-        loss = loss.detach()
-        dist.all_reduce(loss)
-        loss /= dist.get_world_size()
+        loss = mean_over_ranks(loss)
 
-        ref_opt.zero_grad()
-        ref_loss = F.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
+        ref_loss = reference_step(ref, ref_opt, x, y)
         parity.check(f"{name} loss step {step}", loss, ref_loss, **tol)
 
     # full_tensor() all-gathers each sharded parameter (a collective: same order on

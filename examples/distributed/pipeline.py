@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from common import Parity, batches, log, mlp, parse_args, setup, teardown
+from common import Parity, batches, log, mlp, parse_args, reference_step, setup, teardown
 
 BATCH, N_MICRO = 16, 4
 SIZES = (16, 32, 32, 32, 4)  # Linear ReLU Linear ReLU | Linear ReLU Linear
@@ -49,10 +49,7 @@ def run_phase(schedule_cls, device, steps) -> Parity:
             schedule.step(target=y.to(device), losses=losses)
         opt.step()
 
-        ref_opt.zero_grad()
-        ref_loss = F.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
+        ref_loss = reference_step(ref, ref_opt, x, y)
         if stage.is_last:
             # Equal micro-batches: the mean of their mean losses is the batch's.
             parity.check(f"{schedule_cls.__name__} loss step {step}",

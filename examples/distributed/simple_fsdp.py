@@ -23,7 +23,9 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
-from common import Parity, batches, log, mlp, parse_args, setup, shard, teardown
+from common import (
+    Parity, batches, log, mean_over_ranks, mlp, parse_args, reference_step, setup, shard, teardown,
+)
 
 BATCH = 16
 # The torch.compile backend per device; --backend overrides. aot_eager on CPU traces
@@ -78,14 +80,9 @@ def main():
         loss = compiled_loss(shard(x).to(device), shard(y).to(device))
         loss.backward()
         opt.step()
-        loss = loss.detach()
-        dist.all_reduce(loss)
-        loss /= dist.get_world_size()
+        loss = mean_over_ranks(loss)
 
-        ref_opt.zero_grad()
-        ref_loss = F.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
+        ref_loss = reference_step(ref, ref_opt, x, y)
         parity.check(f"loss step {step}", loss, ref_loss)
 
     full = {k: p.full_tensor() for k, p in model.named_parameters()}

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import Parity, batches, mlp, parse_args, setup, shard, teardown
+from common import Parity, batches, mean_over_ranks, mlp, parse_args, reference_step, setup, shard, teardown
 
 BATCH, LR = 16, 1e-2
 
@@ -25,7 +25,6 @@ BATCH, LR = 16, 1e-2
 def main():
     args = parse_args(__doc__)
     device = setup(args)
-    world = dist.get_world_size()
 
     model = mlp()
     ref = copy.deepcopy(model)
@@ -43,20 +42,18 @@ def main():
         loss = F.mse_loss(ddp(shard(x).to(device)), shard(y).to(device))
         loss.backward()
         opt.step()
-        loss = loss.detach()
-        dist.all_reduce(loss)
-        loss /= world
+        loss = mean_over_ranks(loss)
 
-        ref_opt.zero_grad()
-        ref_loss = F.mse_loss(ref(x), y)
-        ref_loss.backward()
-        ref_opt.step()
+        ref_loss = reference_step(ref, ref_opt, x, y)
         parity.check(f"loss step {step}", loss, ref_loss)
 
     parity.check_all("param", dict(ddp.module.named_parameters()), dict(ref.named_parameters()))
     # Gather the partitioned optimizer state on rank 0 (a collective); its layout is
     # that of the plain optimizer's state_dict.
     opt.consolidate_state_dict(to=0)
+    # ZeRO copies the states to the CPU with non_blocking=True, into pinned memory, and
+    # does not wait: the copies are still in flight (on CUDA too) until a synchronize.
+    torch.accelerator.synchronize()
     if dist.get_rank() == 0:
         state, ref_state = opt.state_dict()["state"], ref_opt.state_dict()["state"]
         for i, s in ref_state.items():

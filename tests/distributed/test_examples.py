@@ -75,7 +75,8 @@ SCRIPTS = ["ddp", "fsdp2", "dtensor", "tensor_parallel", "pipeline", "zero", "si
 def test_example_matches_single_process_cpu(name):
     port = 29400 + SCRIPTS.index(name) + 10 * (os.getpid() % 50)
     code, output = run_torchrun(EXAMPLES / f"{name}.py", port)
-    tail = "\n".join(output.splitlines()[-40:])
+    ranks = [line for line in output.splitlines() if line.startswith("[rank") or name in line]
+    tail = "\n".join(ranks[-40:] or output.splitlines()[-40:])
     assert code is not None, f"{name}.py did not finish within {TIMEOUT_S} s:\n{tail}"
     assert code == 0, f"{name}.py exited with {code}:\n{tail}"
     assert f"{name}: parity ok" in output, tail
