@@ -9,6 +9,7 @@
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
 #include "../runtime/Stream.h"
+#include "Diagnostics.h"
 
 namespace torchneuron::distributed {
 
@@ -36,19 +37,16 @@ std::vector<size_t> lengths(const std::vector<std::vector<at::Tensor>>& lists) {
   return out;
 }
 
-// Rebuilds lists of the given lengths from `views`, starting at `first`.
-std::vector<std::vector<at::Tensor>> lists_like(const std::vector<size_t>& lens, const std::vector<at::Tensor>& views,
-                                                size_t first) {
-  std::vector<std::vector<at::Tensor>> out;
-  for (size_t n : lens) {
-    out.emplace_back(views.begin() + first, views.begin() + first + n);
-    first += n;
+// Splits `views` into the first `n` and lists of the given lengths after them.
+using SplitViews = std::pair<std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>>;
+SplitViews split_views(const std::vector<at::Tensor>& views, size_t n, const std::vector<size_t>& lens) {
+  std::vector<at::Tensor> head(views.begin(), views.begin() + n);
+  std::vector<std::vector<at::Tensor>> lists;
+  for (size_t len : lens) {
+    lists.emplace_back(views.begin() + n, views.begin() + n + len);
+    n += len;
   }
-  return out;
-}
-
-std::vector<at::Tensor> slice(const std::vector<at::Tensor>& v, size_t first, size_t count) {
-  return {v.begin() + first, v.begin() + first + count};
+  return {head, lists};
 }
 
 template <typename... Lists>
@@ -58,17 +56,70 @@ std::vector<at::Tensor> concat(const Lists&... lists) {
   return out;
 }
 
+// --- checks Gloo would make inside the task, made at the call ---------------
+
+void check_root(const char* op, int64_t root, int size) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size, op, ": invalid root rank ", root, " for a group of ", size, " ranks");
+}
+
+void check_like(const char* op, const char* what, const at::Tensor& t, const at::Tensor& like) {
+  TORCH_CHECK_TYPE(t.scalar_type() == like.scalar_type(), op, ": ", what, " has dtype ", t.scalar_type(),
+                   " but the input has ", like.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == like.numel(), op, ": ", what, " has ", t.numel(), " elements but the input has ",
+                    like.numel());
+}
+
+// One list of `size` tensors, each like `like`.
+void check_list(const char* op, const char* what, const std::vector<std::vector<at::Tensor>>& lists, int size,
+                const at::Tensor& like) {
+  TORCH_CHECK_VALUE(lists.size() == 1, op, ": expected one ", what, " list, got ", lists.size());
+  TORCH_CHECK_VALUE(int(lists[0].size()) == size, op, ": the ", what, " list has ", lists[0].size(),
+                    " tensors; the group has ", size, " ranks");
+  for (const auto& t : lists[0]) check_like(op, what, t, like);
+}
+
+void check_single(const char* op, const char* what, const std::vector<at::Tensor>& tensors) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, op, ": expected one ", what, " tensor, got ", tensors.size());
+}
+
+void check_reduce_op(const char* op, const c10d::ReduceOp& reduce_op, const std::vector<at::Tensor>& tensors) {
+  auto kind = reduce_op.op_;
+  TORCH_CHECK_NOT_IMPLEMENTED(kind != c10d::ReduceOp::PREMUL_SUM, op,
+                              ": ReduceOp.PREMUL_SUM is not supported by the neuron backend");
+  bool bitwise = kind == c10d::ReduceOp::BAND || kind == c10d::ReduceOp::BOR || kind == c10d::ReduceOp::BXOR;
+  for (const auto& t : tensors) {
+    TORCH_CHECK_TYPE(kind != c10d::ReduceOp::AVG || at::isFloatingType(t.scalar_type()) ||
+                         at::isComplexType(t.scalar_type()),
+                     op, ": ReduceOp.AVG needs floating-point tensors, got ", t.scalar_type());
+    TORCH_CHECK_TYPE(!bitwise || at::isIntegralType(t.scalar_type(), /*includeBool=*/true), op,
+                     ": bitwise reductions need integer or bool tensors, got ", t.scalar_type());
+  }
+}
+
+void check_splits(const char* op, const char* what, const std::vector<int64_t>& splits, const at::Tensor& t,
+                  int size) {
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(t.dim() > 0 && t.size(0) % size == 0, op, ": the ", what, " (sizes ", t.sizes(),
+                      ") does not split evenly into ", size, " ranks along dim 0");
+    return;
+  }
+  TORCH_CHECK_VALUE(int(splits.size()) == size, op, ": ", splits.size(), " ", what, " split sizes for ", size,
+                    " ranks");
+  int64_t sum = 0;
+  for (int64_t s : splits) {
+    TORCH_CHECK_VALUE(s >= 0, op, ": negative ", what, " split size ", s);
+    sum += s;
+  }
+  TORCH_CHECK_VALUE(t.dim() > 0 && sum == t.size(0), op, ": the ", what, " split sizes add up to ", sum,
+                    " but the ", what, " has ", t.dim() ? t.size(0) : 0, " rows");
+}
+
 // Gloo has no AVG: such reductions run as SUM and divide afterwards.
 struct Average {
   bool requested = false;
   int size = 1;
-  Average(const char* op, c10d::ReduceOp& reduce_op, const std::vector<at::Tensor>& tensors, int world) : size(world) {
-    if (reduce_op.op_ == c10d::ReduceOp::PREMUL_SUM)
-      TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ReduceOp.PREMUL_SUM is not supported by the neuron backend");
+  Average(c10d::ReduceOp& reduce_op, int world) : size(world) {
     if (reduce_op.op_ != c10d::ReduceOp::AVG) return;
-    for (const auto& t : tensors)
-      TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()), op,
-                       ": ReduceOp.AVG needs floating-point tensors, got ", t.scalar_type());
     requested = true;
     reduce_op = c10d::ReduceOp(c10d::ReduceOp::SUM);
   }
@@ -82,32 +133,6 @@ void finish(const WorkPtr& work) {
   if (work) work->wait();
 }
 
-// Gloo calls std::terminate when a peer sends more bytes than a collective
-// expects (ranks passed different shapes). The process cannot survive that,
-// but it can say which collective it was in and how to get an exception.
-std::mutex inflight_mutex;
-std::string inflight;
-std::terminate_handler previous_terminate = nullptr;
-
-[[noreturn]] void on_terminate() {
-  std::unique_lock<std::mutex> lock(inflight_mutex, std::try_to_lock);
-  if (lock.owns_lock() && !inflight.empty())
-    std::fprintf(stderr,
-                 "torchneuron: aborting during %s. Gloo aborts the process when ranks pass tensors of different "
-                 "sizes to a collective; with TORCH_DISTRIBUTED_DEBUG=DETAIL the ranks compare shapes first and "
-                 "raise an error instead.\n",
-                 inflight.c_str());
-  if (previous_terminate) previous_terminate();
-  std::abort();
-}
-
-void note_inflight(std::string what) {
-  static std::once_flag installed;
-  std::call_once(installed, [] { previous_terminate = std::set_terminate(on_terminate); });
-  std::lock_guard<std::mutex> lock(inflight_mutex);
-  inflight = std::move(what);
-}
-
 std::string signature(const char* op, uint64_t seq, int rank, const std::vector<at::Tensor>& views) {
   std::ostringstream s;
   s << op << " #" << seq << " on rank " << rank << " (tensors";
@@ -116,57 +141,66 @@ std::string signature(const char* op, uint64_t seq, int rank, const std::vector<
   return s.str();
 }
 
+WorkPtr completed_work() {
+  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+  return c10d::Work::create_from_future(done);
+}
+
 }  // namespace
 
 ProcessGroupNeuron::ProcessGroupNeuron(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                       std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> gloo)
-    : c10d::Backend(rank, size), store_(std::move(store)), gloo_(std::move(gloo)), timeout_(timeout) {
-  TORCH_CHECK(gloo_, "ProcessGroupNeuron: a Gloo backend is required");
-  publisher_ = std::thread([this] { publish_progress(); });
+                                       std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> gloo,
+                                       c10::intrusive_ptr<c10d::Backend> gloo_cpu)
+    : c10d::Backend(rank, size),
+      store_(std::move(store)),
+      gloo_(std::move(gloo)),
+      gloo_cpu_(std::move(gloo_cpu)),
+      timeout_ms_(timeout.count()),
+      progress_(std::make_shared<ProgressPublisher>(store_, rank)) {
+  TORCH_CHECK(gloo_ && gloo_cpu_, "ProcessGroupNeuron: two Gloo backends are required");
 }
 
 ProcessGroupNeuron::~ProcessGroupNeuron() {
-  {
-    std::lock_guard<std::mutex> lock(publisher_mutex_);
-    stopping_ = true;
-  }
-  publisher_cv_.notify_all();
-  publisher_.join();
-}
-
-void ProcessGroupNeuron::publish_progress() {
-  const std::string key = "neuron_progress/" + std::to_string(getRank());
-  uint64_t published = 0;
-  std::unique_lock<std::mutex> lock(publisher_mutex_);
-  while (!stopping_) {
-    publisher_cv_.wait_for(lock, std::chrono::milliseconds(100));
-    uint64_t reached = reached_.load();
-    if (reached == published) continue;
-    lock.unlock();
-    try {
-      store_->set(key, std::to_string(reached));
-      published = reached;
-    } catch (const std::exception&) {
-      // The store is gone (its host exited): failures will say so.
-    }
-    lock.lock();
-  }
+  // Tasks hold the group, so none is pending here: the streams are free.
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  if (device_ < 0) return;
+  if (collective_stream_ >= 0) runtime::release_communication_stream(device_, collective_stream_);
+  for (const auto* lanes : {&send_streams_, &recv_streams_})
+    for (const auto& [peer, id] : *lanes) runtime::release_communication_stream(device_, id);
 }
 
 void ProcessGroupNeuron::setTimeout(std::chrono::milliseconds timeout) {
-  timeout_ = timeout;
+  timeout_ms_ = timeout.count();
   gloo_->setTimeout(timeout);
+  gloo_cpu_->setTimeout(timeout);
 }
 
-c10::Stream ProcessGroupNeuron::lane_stream(Lane lane, c10::DeviceIndex device) {
+c10::Stream ProcessGroupNeuron::lane_stream(Lane lane, int peer) {
   std::lock_guard<std::mutex> lock(streams_mutex_);
-  if (lane_streams_.size() <= size_t(device)) lane_streams_.resize(device + 1, {-1, -1, -1});
-  int& id = lane_streams_[device][int(lane)];
-  if (id < 0) id = runtime::communication_stream(device);
-  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device), id);
+  int* id = lane == Lane::Collective ? &collective_stream_
+            : lane == Lane::Send     ? &send_streams_.try_emplace(peer, -1).first->second
+                                     : &recv_streams_.try_emplace(peer, -1).first->second;
+  if (*id < 0) *id = runtime::acquire_communication_stream(device_);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_), *id);
 }
 
-bool ProcessGroupNeuron::on_cpu(const char* op, const std::vector<at::Tensor>& tensors) const {
+void ProcessGroupNeuron::wait_for_lanes() {
+  std::vector<int> ids;
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    if (device_ < 0) return;
+    if (collective_stream_ >= 0) ids.push_back(collective_stream_);
+    for (const auto* lanes : {&send_streams_, &recv_streams_})
+      for (const auto& [peer, id] : *lanes) ids.push_back(id);
+  }
+  for (int id : ids) {
+    auto& s = runtime::get_stream(device_, id);
+    s.wait_until(s.enqueued());
+  }
+}
+
+bool ProcessGroupNeuron::on_cpu(const char* op, const std::vector<at::Tensor>& tensors) {
   TORCH_CHECK_VALUE(!tensors.empty(), op, ": no tensors given");
   const c10::Device first = tensors.front().device();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -181,7 +215,13 @@ bool ProcessGroupNeuron::on_cpu(const char* op, const std::vector<at::Tensor>& t
   }
   TORCH_CHECK_VALUE(first.is_cpu() || first.type() == c10::DeviceType::PrivateUse1, op,
                     ": the neuron backend takes neuron or CPU tensors, got ", first);
-  return first.is_cpu();
+  check_usable(op);
+  if (first.is_cpu()) return true;
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  if (device_ < 0) device_ = first.index();  // bound by its first device collective, as NCCL
+  TORCH_CHECK_VALUE(first.index() == device_, op, ": this process group communicates for neuron:", int(device_),
+                    ", got tensors on ", first, " (one device per rank: torch.neuron.set_device(LOCAL_RANK))");
+  return false;
 }
 
 void ProcessGroupNeuron::check_usable(const char* op) const {
@@ -197,35 +237,22 @@ std::string ProcessGroupNeuron::describe_failure(const char* op, uint64_t seq, i
   std::ostringstream msg;
   msg << op;
   if (seq) msg << " (collective #" << seq << " of this group)";
-  msg << " failed on rank " << getRank() << " of " << getSize() << " after at most "
-      << std::chrono::duration<double>(timeout_).count() << " s";
+  msg << " failed on rank " << getRank() << " of " << getSize() << " (group timeout "
+      << double(timeout_ms_.load()) / 1000 << " s)";
   if (peer >= 0) {
     msg << " talking to rank " << peer;
   } else if (seq) {
-    // Ranks publish how far their devices got (publish_progress); those
-    // behind never reached this collective.
-    std::vector<int> behind;
-    std::ostringstream where;
     try {
-      for (int r = 0; r < getSize(); ++r) {
-        if (r == getRank()) continue;
-        std::string key = "neuron_progress/" + std::to_string(r);
-        uint64_t reached = 0;
-        if (store_->check({key})) {
-          auto bytes = store_->get(key);
-          reached = std::stoull(std::string(bytes.begin(), bytes.end()));
-        }
-        if (reached < seq) {
-          behind.push_back(r);
-          where << (where.tellp() ? ", " : "") << "rank " << r << " is at #" << reached;
-        }
-      }
-      if (!behind.empty()) {
-        msg << ": ranks [";
-        for (size_t i = 0; i < behind.size(); ++i) msg << (i ? ", " : "") << behind[i];
-        msg << "] did not reach it (" << where.str() << ")";
+      auto behind = progress_->behind(seq, getSize());
+      if (behind.empty()) {
+        msg << ": every rank reached it (a rank may have exited inside it)";
       } else {
-        msg << ": every rank reached it (a rank may have exited inside it, or passed mismatched tensors)";
+        msg << ": ranks [";
+        for (size_t i = 0; i < behind.size(); ++i) msg << (i ? ", " : "") << behind[i].first;
+        msg << "] did not reach it (";
+        for (size_t i = 0; i < behind.size(); ++i)
+          msg << (i ? ", " : "") << "rank " << behind[i].first << " is at #" << behind[i].second;
+        msg << ", as published up to 100 ms ago)";
       }
     } catch (const std::exception&) {
       msg << " (the store is unreachable, so the missing ranks are unknown)";
@@ -237,18 +264,16 @@ std::string ProcessGroupNeuron::describe_failure(const char* op, uint64_t seq, i
 
 WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<at::Tensor>& tensors,
                                    std::vector<at::Tensor> results, Body body, int peer) {
-  check_usable(op);
   TORCH_CHECK_NOT_IMPLEMENTED(!coalescing_ || lane == Lane::Collective, op,
                               " inside a coalescing region is not supported by the neuron backend; use "
                               "batch_isend_irecv for point-to-point batches");
-  const c10::DeviceIndex device = tensors.front().device().index();
-  TORCH_CHECK(!runtime::device_capturing(device), op, ": collectives cannot be captured into a neuron graph (",
+  TORCH_CHECK(!runtime::device_capturing(device_), op, ": collectives cannot be captured into a neuron graph (",
               tensors.front().device(), " is capturing)");
-  const c10::Stream caller = backend::current_stream(device);
-  const c10::Stream stream = lane_stream(lane, device);
+  const c10::Stream caller = backend::current_stream(device_);
+  const c10::Stream stream = lane_stream(lane, peer);
   runtime::Stream& comm = backend::runtime_stream(stream);
   runtime::Stream& after = backend::runtime_stream(caller);
-  const uint64_t caller_tail = &after == &comm ? 0 : after.enqueued();
+  const uint64_t caller_tail = after.enqueued();
 
   std::vector<aten::TensorSnapshot> snapshots;
   snapshots.reserve(tensors.size());
@@ -264,28 +289,31 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
   uint64_t task = comm.enqueue([self, op, seq, peer, caller_tail, &after, outcome,
                                 snapshots = std::move(snapshots), body = std::move(body)] {
     after.wait_until(caller_tail);
-    aten::HostStorages shared;
-    std::vector<at::Tensor> views;
-    views.reserve(snapshots.size());
-    for (const auto& s : snapshots) views.push_back(s.view(&shared));
-    try {
-      if (seq) {
-        self->reached_.store(seq);
-        note_inflight(signature(op, seq, self->getRank(), views));
-      }
-      body(views);
-    } catch (const std::exception& e) {
-      std::string what = self->describe_failure(op, seq, peer, e);
-      {
-        std::lock_guard<std::mutex> lock(self->failure_mutex_);
-        if (!self->failure_) self->failure_ = std::make_shared<const std::string>(what);
-      }
+    std::shared_ptr<const std::string> earlier;
+    {
+      std::lock_guard<std::mutex> lock(self->failure_mutex_);
+      earlier = self->failure_;
+    }
+    if (earlier) {
+      // Queued behind a failure: fail at once, not after another timeout.
+      outcome->error = std::string(op) + " was skipped: the group is unusable after an earlier failure: " + *earlier;
+    } else {
       try {
-        C10_THROW_ERROR(DistBackendError, what);
-      } catch (...) {
-        outcome->error = std::current_exception();
+        aten::HostStorages shared;
+        std::vector<at::Tensor> views;
+        views.reserve(snapshots.size());
+        for (const auto& s : snapshots) views.push_back(s.view(&shared));
+        if (seq) self->progress_->reached(seq);
+        InFlight running(signature(op, seq, self->getRank(), views));
+        body(views);
+      } catch (const std::exception& e) {
+        outcome->error = self->describe_failure(op, seq, peer, e);
+        std::lock_guard<std::mutex> lock(self->failure_mutex_);
+        if (!self->failure_) self->failure_ = std::make_shared<const std::string>(outcome->error);
       }
     }
+    // The stream keeps the error too, so torch.neuron.synchronize() reports it.
+    if (outcome->failed()) outcome->raise();
   });
   aten::detail::after_enqueue(comm);
   c10d::OpType type = lane == Lane::Send   ? c10d::OpType::SEND
@@ -296,21 +324,13 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
   return work;
 }
 
-namespace {
-c10::intrusive_ptr<c10d::Work> completed_work() {
-  auto done = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
-  return c10d::Work::create_from_future(done);
-}
-}  // namespace
-
 void ProcessGroupNeuron::startCoalescing() {
   TORCH_CHECK(!coalescing_, "startCoalescing: the neuron process group is already coalescing");
   coalescing_ = true;
   last_coalesced_.reset();
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::endCoalescing() {
+WorkPtr ProcessGroupNeuron::endCoalescing() {
   TORCH_CHECK(coalescing_, "endCoalescing: the neuron process group is not coalescing");
   coalescing_ = false;
   auto work = std::move(last_coalesced_);
@@ -318,15 +338,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNeuron::endCoalescing() {
 }
 
 WorkPtr ProcessGroupNeuron::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  if (on_cpu("broadcast", tensors)) return gloo_->broadcast(tensors, opts);
+  check_root("broadcast", opts.rootRank, getSize());
+  if (on_cpu("broadcast", tensors)) return gloo_cpu_->broadcast(tensors, opts);
   return launch("broadcast", Lane::Collective, tensors, tensors,
                 [gloo = gloo_, opts](std::vector<at::Tensor>& v) { finish(gloo->broadcast(v, opts)); });
 }
 
 WorkPtr ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  if (on_cpu("all_reduce", tensors)) return gloo_->allreduce(tensors, opts);
+  check_reduce_op("all_reduce", opts.reduceOp, tensors);
+  if (on_cpu("all_reduce", tensors)) return gloo_cpu_->allreduce(tensors, opts);
   c10d::AllreduceOptions o = opts;
-  Average avg("all_reduce", o.reduceOp, tensors, getSize());
+  Average avg(o.reduceOp, getSize());
   return launch("all_reduce", Lane::Collective, tensors, tensors, [gloo = gloo_, o, avg](std::vector<at::Tensor>& v) {
     finish(gloo->allreduce(v, o));
     avg.apply(v);
@@ -335,9 +357,13 @@ WorkPtr ProcessGroupNeuron::allreduce(std::vector<at::Tensor>& tensors, const c1
 
 WorkPtr ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                 const c10d::AllreduceCoalescedOptions& opts) {
-  if (on_cpu("all_reduce_coalesced", tensors)) return gloo_->allreduce_coalesced(tensors, opts);
+  check_reduce_op("all_reduce_coalesced", opts.reduceOp, tensors);
+  for (const auto& t : tensors)
+    TORCH_CHECK_TYPE(t.scalar_type() == tensors[0].scalar_type(), "all_reduce_coalesced: tensors of dtypes ",
+                     tensors[0].scalar_type(), " and ", t.scalar_type());
+  if (on_cpu("all_reduce_coalesced", tensors)) return gloo_cpu_->allreduce_coalesced(tensors, opts);
   c10d::AllreduceCoalescedOptions o = opts;
-  Average avg("all_reduce_coalesced", o.reduceOp, tensors, getSize());
+  Average avg(o.reduceOp, getSize());
   return launch("all_reduce_coalesced", Lane::Collective, tensors, tensors,
                 [gloo = gloo_, o, avg](std::vector<at::Tensor>& v) {
                   finish(gloo->allreduce_coalesced(v, o));
@@ -346,9 +372,12 @@ WorkPtr ProcessGroupNeuron::allreduce_coalesced(std::vector<at::Tensor>& tensors
 }
 
 WorkPtr ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  if (on_cpu("reduce", tensors)) return gloo_->reduce(tensors, opts);
+  check_root("reduce", opts.rootRank, getSize());
+  check_reduce_op("reduce", opts.reduceOp, tensors);
+  check_single("reduce", "input", tensors);
+  if (on_cpu("reduce", tensors)) return gloo_cpu_->reduce(tensors, opts);
   c10d::ReduceOptions o = opts;
-  Average avg("reduce", o.reduceOp, tensors, getSize());
+  Average avg(o.reduceOp, getSize());
   bool root = o.rootRank == getRank();
   return launch("reduce", Lane::Collective, tensors, tensors,
                 [gloo = gloo_, o, avg, root](std::vector<at::Tensor>& v) {
@@ -359,12 +388,13 @@ WorkPtr ProcessGroupNeuron::reduce(std::vector<at::Tensor>& tensors, const c10d:
 
 WorkPtr ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                       const c10d::AllgatherOptions& opts) {
+  check_single("all_gather", "input", inputs);
+  check_list("all_gather", "output", outputs, getSize(), inputs[0]);
   auto all = concat(inputs, flat(outputs));
-  if (on_cpu("all_gather", all)) return gloo_->allgather(outputs, inputs, opts);
+  if (on_cpu("all_gather", all)) return gloo_cpu_->allgather(outputs, inputs, opts);
   return launch("all_gather", Lane::Collective, all, flat(outputs),
-                [gloo = gloo_, opts, shape = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
-                  auto in = slice(v, 0, n);
-                  auto out = lists_like(shape, v, n);
+                [gloo = gloo_, opts, lens = lengths(outputs)](std::vector<at::Tensor>& v) {
+                  auto [in, out] = split_views(v, 1, lens);
                   finish(gloo->allgather(out, in, opts));
                 });
 }
@@ -376,19 +406,25 @@ WorkPtr ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& inpu
                     " input elements were expected");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "all_gather_into_tensor: output dtype ",
                    output.scalar_type(), " differs from input dtype ", input.scalar_type());
-  if (on_cpu("all_gather_into_tensor", {input, output})) return gloo_->_allgather_base(output, input, opts);
+  if (on_cpu("all_gather_into_tensor", {input, output})) return gloo_cpu_->_allgather_base(output, input, opts);
   return launch("all_gather_into_tensor", Lane::Collective, {input, output}, {output},
                 [gloo = gloo_, opts](std::vector<at::Tensor>& v) { finish(gloo->_allgather_base(v[1], v[0], opts)); });
 }
 
 WorkPtr ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                 std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == size_t(getSize()), "all_gather_coalesced: ", outputs.size(),
+                    " output lists for ", getSize(), " ranks");
+  for (const auto& list : outputs) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), "all_gather_coalesced: an output list has ", list.size(),
+                      " tensors but there are ", inputs.size(), " inputs");
+    for (size_t i = 0; i < list.size(); ++i) check_like("all_gather_coalesced", "an output", list[i], inputs[i]);
+  }
   auto all = concat(inputs, flat(outputs));
-  if (on_cpu("all_gather_coalesced", all)) return gloo_->allgather_coalesced(outputs, inputs, opts);
+  if (on_cpu("all_gather_coalesced", all)) return gloo_cpu_->allgather_coalesced(outputs, inputs, opts);
   return launch("all_gather_coalesced", Lane::Collective, all, flat(outputs),
-                [gloo = gloo_, opts, shape = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
-                  auto in = slice(v, 0, n);
-                  auto out = lists_like(shape, v, n);
+                [gloo = gloo_, opts, lens = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
+                  auto [in, out] = split_views(v, n, lens);
                   finish(gloo->allgather_coalesced(out, in, opts));
                 });
 }
@@ -396,37 +432,54 @@ WorkPtr ProcessGroupNeuron::allgather_coalesced(std::vector<std::vector<at::Tens
 WorkPtr ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "all_gather_into_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize() &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "all_gather_into_tensor_coalesced: output ", i, " must hold ", getSize(), " x input ", i);
   auto all = concat(inputs, outputs);
   if (on_cpu("all_gather_into_tensor_coalesced", all))
-    return gloo_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+    return gloo_cpu_->allgather_into_tensor_coalesced(outputs, inputs, opts);
   return launch("all_gather_into_tensor_coalesced", Lane::Collective, all, outputs,
                 [gloo = gloo_, opts, n = inputs.size()](std::vector<at::Tensor>& v) {
-                  auto in = slice(v, 0, n);
-                  auto out = slice(v, n, n);
-                  finish(gloo->allgather_into_tensor_coalesced(out, in, opts));
+                  auto [in, out] = split_views(v, n, {n});
+                  finish(gloo->allgather_into_tensor_coalesced(out[0], in, opts));
                 });
 }
 
 WorkPtr ProcessGroupNeuron::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                    const c10d::GatherOptions& opts) {
+  check_root("gather", opts.rootRank, getSize());
+  check_single("gather", "input", inputs);
+  if (opts.rootRank == getRank())
+    check_list("gather", "output", outputs, getSize(), inputs[0]);
+  else
+    TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                      "gather: only the destination rank passes output tensors");
   auto all = concat(inputs, flat(outputs));
-  if (on_cpu("gather", all)) return gloo_->gather(outputs, inputs, opts);
+  if (on_cpu("gather", all)) return gloo_cpu_->gather(outputs, inputs, opts);
   return launch("gather", Lane::Collective, all, flat(outputs),
-                [gloo = gloo_, opts, shape = lengths(outputs), n = inputs.size()](std::vector<at::Tensor>& v) {
-                  auto in = slice(v, 0, n);
-                  auto out = lists_like(shape, v, n);
+                [gloo = gloo_, opts, lens = lengths(outputs)](std::vector<at::Tensor>& v) {
+                  auto [in, out] = split_views(v, 1, lens);
                   finish(gloo->gather(out, in, opts));
                 });
 }
 
 WorkPtr ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                     const c10d::ScatterOptions& opts) {
+  check_root("scatter", opts.rootRank, getSize());
+  check_single("scatter", "output", outputs);
+  if (opts.rootRank == getRank())
+    check_list("scatter", "input", inputs, getSize(), outputs[0]);
+  else
+    TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                      "scatter: only the source rank passes input tensors");
   auto all = concat(outputs, flat(inputs));
-  if (on_cpu("scatter", all)) return gloo_->scatter(outputs, inputs, opts);
+  if (on_cpu("scatter", all)) return gloo_cpu_->scatter(outputs, inputs, opts);
   return launch("scatter", Lane::Collective, all, outputs,
-                [gloo = gloo_, opts, shape = lengths(inputs), n = outputs.size()](std::vector<at::Tensor>& v) {
-                  auto out = slice(v, 0, n);
-                  auto in = lists_like(shape, v, n);
+                [gloo = gloo_, opts, lens = lengths(inputs)](std::vector<at::Tensor>& v) {
+                  auto [out, in] = split_views(v, 1, lens);
                   finish(gloo->scatter(out, in, opts));
                 });
 }
@@ -434,14 +487,16 @@ WorkPtr ProcessGroupNeuron::scatter(std::vector<at::Tensor>& outputs, std::vecto
 WorkPtr ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
                                            std::vector<std::vector<at::Tensor>>& inputs,
                                            const c10d::ReduceScatterOptions& opts) {
+  check_single("reduce_scatter", "output", outputs);
+  check_list("reduce_scatter", "input", inputs, getSize(), outputs[0]);
   auto all = concat(outputs, flat(inputs));
-  if (on_cpu("reduce_scatter", all)) return gloo_->reduce_scatter(outputs, inputs, opts);
+  check_reduce_op("reduce_scatter", opts.reduceOp, all);
+  if (on_cpu("reduce_scatter", all)) return gloo_cpu_->reduce_scatter(outputs, inputs, opts);
   c10d::ReduceScatterOptions o = opts;
-  Average avg("reduce_scatter", o.reduceOp, all, getSize());
+  Average avg(o.reduceOp, getSize());
   return launch("reduce_scatter", Lane::Collective, all, outputs,
-                [gloo = gloo_, o, avg, shape = lengths(inputs), n = outputs.size()](std::vector<at::Tensor>& v) {
-                  auto out = slice(v, 0, n);
-                  auto in = lists_like(shape, v, n);
+                [gloo = gloo_, o, avg, lens = lengths(inputs)](std::vector<at::Tensor>& v) {
+                  auto [out, in] = split_views(v, 1, lens);
                   finish(gloo->reduce_scatter(out, in, o));
                   avg.apply(out);
                 });
@@ -454,9 +509,10 @@ WorkPtr ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor&
                     " output elements were expected");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "reduce_scatter_tensor: output dtype ",
                    output.scalar_type(), " differs from input dtype ", input.scalar_type());
-  if (on_cpu("reduce_scatter_tensor", {input, output})) return gloo_->_reduce_scatter_base(output, input, opts);
+  check_reduce_op("reduce_scatter_tensor", opts.reduceOp, {input});
+  if (on_cpu("reduce_scatter_tensor", {input, output})) return gloo_cpu_->_reduce_scatter_base(output, input, opts);
   c10d::ReduceScatterOptions o = opts;
-  Average avg("reduce_scatter_tensor", o.reduceOp, {input}, getSize());
+  Average avg(o.reduceOp, getSize());
   return launch("reduce_scatter_tensor", Lane::Collective, {input, output}, {output},
                 [gloo = gloo_, o, avg](std::vector<at::Tensor>& v) {
                   finish(gloo->_reduce_scatter_base(v[1], v[0], o));
@@ -467,24 +523,34 @@ WorkPtr ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor&
 WorkPtr ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "reduce_scatter_tensor_coalesced: ", outputs.size(),
+                    " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * getSize() &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "reduce_scatter_tensor_coalesced: input ", i, " must hold ", getSize(), " x output ", i);
   auto all = concat(inputs, outputs);
+  check_reduce_op("reduce_scatter_tensor_coalesced", opts.reduceOp, all);
   if (on_cpu("reduce_scatter_tensor_coalesced", all))
-    return gloo_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    return gloo_cpu_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   c10d::ReduceScatterOptions o = opts;
-  Average avg("reduce_scatter_tensor_coalesced", o.reduceOp, all, getSize());
+  Average avg(o.reduceOp, getSize());
   return launch("reduce_scatter_tensor_coalesced", Lane::Collective, all, outputs,
                 [gloo = gloo_, o, avg, n = inputs.size()](std::vector<at::Tensor>& v) {
-                  auto in = slice(v, 0, n);
-                  auto out = slice(v, n, n);
-                  finish(gloo->reduce_scatter_tensor_coalesced(out, in, o));
-                  avg.apply(out);
+                  auto [in, out] = split_views(v, n, {n});
+                  finish(gloo->reduce_scatter_tensor_coalesced(out[0], in, o));
+                  avg.apply(out[0]);
                 });
 }
 
 WorkPtr ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                           std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "all_to_all_single: output dtype ",
+                   output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  check_splits("all_to_all_single", "input", input_splits, input, getSize());
+  check_splits("all_to_all_single", "output", output_splits, output, getSize());
   if (on_cpu("all_to_all_single", {input, output}))
-    return gloo_->alltoall_base(output, input, output_splits, input_splits, opts);
+    return gloo_cpu_->alltoall_base(output, input, output_splits, input_splits, opts);
   return launch("all_to_all_single", Lane::Collective, {input, output}, {output},
                 [gloo = gloo_, opts, output_splits, input_splits](std::vector<at::Tensor>& v) mutable {
                   finish(gloo->alltoall_base(v[1], v[0], output_splits, input_splits, opts));
@@ -493,25 +559,35 @@ WorkPtr ProcessGroupNeuron::alltoall_base(at::Tensor& output, at::Tensor& input,
 
 WorkPtr ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                      const c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(int(inputs.size()) == getSize() && int(outputs.size()) == getSize(), "all_to_all: ",
+                    inputs.size(), " inputs and ", outputs.size(), " outputs for ", getSize(), " ranks");
   auto all = concat(inputs, outputs);
-  if (on_cpu("all_to_all", all)) return gloo_->alltoall(outputs, inputs, opts);
+  for (const auto& t : all)
+    TORCH_CHECK_TYPE(t.scalar_type() == all[0].scalar_type(), "all_to_all: tensors of dtypes ", all[0].scalar_type(),
+                     " and ", t.scalar_type());
+  if (on_cpu("all_to_all", all)) return gloo_cpu_->alltoall(outputs, inputs, opts);
   return launch("all_to_all", Lane::Collective, all, outputs,
                 [gloo = gloo_, opts, n = inputs.size()](std::vector<at::Tensor>& v) {
-                  auto in = slice(v, 0, n);
-                  auto out = slice(v, n, v.size() - n);
-                  finish(gloo->alltoall(out, in, opts));
+                  auto [in, out] = split_views(v, n, {n});
+                  finish(gloo->alltoall(out[0], in, opts));
                 });
 }
 
 WorkPtr ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  if (on_cpu("send", tensors)) return gloo_->send(tensors, dst, tag);
+  TORCH_CHECK_VALUE(dst >= 0 && dst < getSize() && dst != getRank(), "send: invalid destination rank ", dst,
+                    " (this is rank ", getRank(), " of ", getSize(), ")");
+  check_single("send", "", tensors);
+  if (on_cpu("send", tensors)) return gloo_cpu_->send(tensors, dst, tag);
   return launch(
       "send", Lane::Send, tensors, {},
       [gloo = gloo_, dst, tag](std::vector<at::Tensor>& v) { finish(gloo->send(v, dst, tag)); }, dst);
 }
 
 WorkPtr ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  if (on_cpu("recv", tensors)) return gloo_->recv(tensors, src, tag);
+  TORCH_CHECK_VALUE(src >= 0 && src < getSize() && src != getRank(), "recv: invalid source rank ", src,
+                    " (this is rank ", getRank(), " of ", getSize(), ")");
+  check_single("recv", "", tensors);
+  if (on_cpu("recv", tensors)) return gloo_cpu_->recv(tensors, src, tag);
   return launch(
       "recv", Lane::Recv, tensors, tensors,
       [gloo = gloo_, src, tag](std::vector<at::Tensor>& v) { finish(gloo->recv(v, src, tag)); }, src);
@@ -520,20 +596,20 @@ WorkPtr ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int 
 WorkPtr ProcessGroupNeuron::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   TORCH_CHECK_NOT_IMPLEMENTED(on_cpu("recv", tensors),
                               "recv: receiving from any source is not supported for neuron tensors; name the source");
-  return gloo_->recvAnysource(tensors, tag);
+  return gloo_cpu_->recvAnysource(tensors, tag);
 }
 
 WorkPtr ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
   check_usable("barrier");
-  // Everything this rank queued, communication included, finishes first; the
-  // host then blocks in Gloo's barrier, so no rank passes it early.
-  size_t devices = 0;
-  {
-    std::lock_guard<std::mutex> lock(streams_mutex_);
-    devices = lane_streams_.size();
+  // This rank's queued work (its current stream and this group's transfers)
+  // finishes first; the host then blocks in Gloo's barrier, so no rank
+  // passes it early. Other groups' transfers are not waited for: they may
+  // wait for a peer that is itself in this barrier.
+  if (backend::is_initialized()) {
+    auto& current = backend::runtime_stream(backend::current_stream(device_ >= 0 ? device_ : -1));
+    current.wait_until(current.enqueued());
   }
-  for (size_t d = 0; d < devices; ++d) backend::synchronize_device(c10::DeviceIndex(d));
-  if (backend::is_initialized()) backend::synchronize_device(backend::current_device());
+  wait_for_lanes();
   check_usable("barrier");
   c10d::BarrierOptions o = opts;
   o.device_ids.clear();
@@ -543,15 +619,10 @@ WorkPtr ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
 }
 
 void ProcessGroupNeuron::shutdown() {
-  std::vector<std::array<int, 3>> lanes;
-  {
-    std::lock_guard<std::mutex> lock(streams_mutex_);
-    lanes = lane_streams_;
-  }
-  for (size_t d = 0; d < lanes.size(); ++d)
-    for (int id : lanes[d])
-      if (id >= 0) runtime::get_stream(int(d), id).wait_until(runtime::get_stream(int(d), id).enqueued());
+  wait_for_lanes();
+  progress_.reset();
   gloo_->shutdown();
+  gloo_cpu_->shutdown();
 }
 
 }  // namespace torchneuron::distributed

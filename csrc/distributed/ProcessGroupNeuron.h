@@ -1,14 +1,15 @@
 // The `neuron` c10d backend: Gloo drives the transfers, on host views of
 // device memory, once the device has reached the collective.
 //
-// A collective launched from the host: checks its tensors, makes the
-// device's communication stream wait for the caller's current stream,
-// and enqueues a task there that runs the Gloo collective on host views of
-// the buffers. It returns at once with a WorkNeuron whose wait() orders the
-// caller's current stream after the task (as NCCL does), so compute queued
-// meanwhile overlaps the transfer. Point-to-point ops run on two more
-// streams (sends, receives), so a rank can post a receive while its send
-// waits for the peer. CPU tensors go to Gloo unchanged.
+// A collective launched from the host checks its tensors (Gloo's own checks
+// would only run later, inside the task), makes the group's communication
+// stream wait for the caller's current stream, and enqueues a task there
+// that runs the Gloo collective on host views of the buffers. It returns at
+// once with a WorkNeuron whose wait() orders the caller's current stream
+// after the task (as NCCL does), so compute queued meanwhile overlaps the
+// transfer. Point-to-point ops run on a send and a receive stream per peer,
+// so a rank can post a receive while its send waits for the peer. CPU
+// tensors go to a second Gloo group, whose order cannot mix with the device's.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -16,22 +17,25 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "WorkNeuron.h"
 
 namespace torchneuron::distributed {
 
+class ProgressPublisher;
+
 class ProcessGroupNeuron : public c10d::Backend {
  public:
-  // `gloo` is a ProcessGroupGloo over the same store, rank and size.
+  // `gloo` and `gloo_cpu` are ProcessGroupGloo over the same ranks: one for
+  // device tensors, one for CPU tensors.
   ProcessGroupNeuron(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-                     c10::intrusive_ptr<c10d::Backend> gloo);
+                     c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> gloo_cpu);
   ~ProcessGroupNeuron() override;
 
   const std::string getBackendName() const override { return "neuron"; }
@@ -99,37 +103,34 @@ class ProcessGroupNeuron : public c10d::Backend {
   using Body = std::function<void(std::vector<at::Tensor>& views)>;
   c10::intrusive_ptr<c10d::Work> launch(const char* op, Lane lane, const std::vector<at::Tensor>& tensors,
                                         std::vector<at::Tensor> results, Body body, int peer = -1);
-  // True when every tensor is on the CPU (those go straight to Gloo); raises
-  // for a mix, for tensors on several neuron devices and for non-dense ones.
-  bool on_cpu(const char* op, const std::vector<at::Tensor>& tensors) const;
+  // True when every tensor is on the CPU (those go to the CPU Gloo group);
+  // raises for a mix, for another device than the group's, for non-dense ones.
+  bool on_cpu(const char* op, const std::vector<at::Tensor>& tensors);
   // Throws the failure that broke this group, if any.
   void check_usable(const char* op) const;
   std::string describe_failure(const char* op, uint64_t seq, int peer, const std::exception& e) const;
-  c10::Stream lane_stream(Lane lane, c10::DeviceIndex device);
-  // Publishes `reached_` in the store every 100 ms when it changed, so a
-  // rank whose collective times out can tell which ranks never reached it,
-  // without a store round trip per collective.
-  void publish_progress();
+  c10::Stream lane_stream(Lane lane, int peer);
+  // Waits (without raising) until this group's streams have run their tasks.
+  void wait_for_lanes();
 
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::Backend> gloo_;
-  std::chrono::milliseconds timeout_;
-  std::atomic<uint64_t> issued_{0};   // collectives launched (p2p ops are not numbered)
-  std::atomic<uint64_t> reached_{0};  // the last collective this rank's device started
-  std::mutex publisher_mutex_;
-  std::condition_variable publisher_cv_;
-  bool stopping_ = false;
-  std::thread publisher_;
+  c10::intrusive_ptr<c10d::Backend> gloo_, gloo_cpu_;
+  std::atomic<int64_t> timeout_ms_;
+  std::atomic<uint64_t> issued_{0};  // collectives launched (p2p ops are not numbered)
+  std::shared_ptr<ProgressPublisher> progress_;
   bool coalescing_ = false;
   c10::intrusive_ptr<c10d::Work> last_coalesced_;
   // The first communication failure; the group refuses work after it (as
   // NCCL aborts its communicator), since Gloo's pairs are left mid-transfer.
   mutable std::mutex failure_mutex_;
   std::shared_ptr<const std::string> failure_;
-  // Lane streams per device: communication streams, taken on first use, so
-  // groups do not share them (ranks may order two groups' work differently).
+  // The device this group communicates for (one device per rank, as NCCL),
+  // and the communication streams it leased there: one for collectives,
+  // one per peer for sends and for receives.
   std::mutex streams_mutex_;
-  std::vector<std::array<int, 3>> lane_streams_;
+  c10::DeviceIndex device_ = -1;
+  int collective_stream_ = -1;
+  std::map<int, int> send_streams_, recv_streams_;
 };
 
 }  // namespace torchneuron::distributed

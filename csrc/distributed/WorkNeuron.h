@@ -5,17 +5,19 @@
 #include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <atomic>
-#include <exception>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace torchneuron::distributed {
 
-// What the task reports to its Work: the error is written before the task
-// completes, so readers that saw completion see it.
+// What the task reports to its Work, written before the task completes (so
+// readers that saw completion see it). A message, not an exception object:
+// every raise builds a fresh DistBackendError, since raising adds context.
 struct TaskOutcome {
-  std::exception_ptr error;
+  std::string error;
+  bool failed() const { return !error.empty(); }
+  [[noreturn]] void raise() const;
 };
 
 class WorkNeuron : public c10d::Work {
@@ -33,9 +35,11 @@ class WorkNeuron : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override { wait(); }
   void blockCurrentStream() override { wait(); }
-  // A future completed at once whose value is ready on the communication
-  // stream: waiting on it orders the waiter's current stream (as NCCL).
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A future completed at launch whose value is ready on the communication
+  // stream: waiting on it orders the waiter's current stream (as NCCL). It
+  // carries no error: a failure makes the group's next call raise, and
+  // torch.neuron.synchronize() raise.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
  private:
   bool task_done() const;

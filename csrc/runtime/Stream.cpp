@@ -146,7 +146,9 @@ namespace {
 
 struct DeviceStreams {
   std::array<std::atomic<Stream*>, kStreamsPerDevice> streams{};
-  std::atomic<uint32_t> next_low{0}, next_high{0}, next_communication{0};
+  std::atomic<uint32_t> next_low{0}, next_high{0};
+  int communication_used = 0;          // ids handed out so far (under create_mutex)
+  std::vector<int> communication_free;  // released ids
   std::mutex create_mutex;
 };
 
@@ -181,9 +183,24 @@ int stream_from_pool(int device, int priority) {
   return 1 + int(ds.next_low++ % kPoolSize);
 }
 
-int communication_stream(int device) {
+int acquire_communication_stream(int device) {
   DeviceStreams& ds = device_streams(device);
-  return kFirstCommunicationStream + int(ds.next_communication++ % kPoolSize);
+  std::lock_guard<std::mutex> lock(ds.create_mutex);
+  if (!ds.communication_free.empty()) {
+    int id = ds.communication_free.back();
+    ds.communication_free.pop_back();
+    return id;
+  }
+  if (ds.communication_used == kCommunicationStreams)
+    throw std::runtime_error("all " + std::to_string(kCommunicationStreams) + " communication streams of neuron:" +
+                             std::to_string(device) + " are held by process groups; destroy groups no longer used");
+  return kFirstCommunicationStream + ds.communication_used++;
+}
+
+void release_communication_stream(int device, int id) {
+  DeviceStreams& ds = device_streams(device);
+  std::lock_guard<std::mutex> lock(ds.create_mutex);
+  ds.communication_free.push_back(id);
 }
 
 void wait_device_idle(int device, bool include_communication) {

@@ -80,18 +80,20 @@ void set_worker_start_hook(void (*hook)());
 
 // Stream table. Id 0 is a device's default stream; ids 1..kPoolSize are the
 // low-priority pool and kPoolSize+1..2*kPoolSize the high-priority pool, as in
-// CUDA's stream pools. The last kPoolSize ids are communication streams
-// (high priority), which collectives use as NCCL uses its internal streams.
+// CUDA's stream pools. The ids after those are communication streams (high
+// priority), leased to process groups as NCCL keeps internal streams.
 // Streams are created on first use and live forever.
 constexpr int kPoolSize = 32;
+constexpr int kCommunicationStreams = 128;
 constexpr int kFirstCommunicationStream = 1 + 2 * kPoolSize;
-constexpr int kStreamsPerDevice = kFirstCommunicationStream + kPoolSize;
+constexpr int kStreamsPerDevice = kFirstCommunicationStream + kCommunicationStreams;
 Stream& get_stream(int device, int id);
 // Next stream of the pool for a priority (0 = low, negative = high), round robin.
 int stream_from_pool(int device, int priority);
-// Next communication stream of the device, round robin.
-int communication_stream(int device);
-inline bool is_communication_stream(int id) { return id >= kFirstCommunicationStream; }
+// A communication stream no one else holds; throws std::runtime_error when
+// all are leased. Release it once its work is done.
+int acquire_communication_stream(int device);
+void release_communication_stream(int device, int id);
 // Waits for every stream of a device, then rethrows the first error found.
 void synchronize_device(int device);
 // Waits for every stream of a device; errors stay for the next synchronize.

@@ -45,20 +45,28 @@ def on_rank_skip_collective(rank, world_size):
     t.cpu()
     if rank == 1:
         return None  # never joins collective #2
-    first = attempt(lambda: (dist.all_reduce(t), t.cpu()))
+    work = dist.all_reduce(t, async_op=True)  # #2: rank 1 never joins
+    queued = dist.all_reduce(torch.ones(2, device="neuron"), async_op=True)  # #3, behind it
+    first = attempt(lambda: (work.wait(), t.cpu()))
     again = attempt(lambda: dist.all_reduce(t))
-    return first, again
+    synchronized = attempt(torch.neuron.synchronize)
+    return first, again, str(queued.exception()), synchronized
 
 
 def test_timeout_names_the_collective_and_the_missing_rank(fresh):
-    (kind, msg, seconds), (again_kind, again_msg, again_s) = fresh().run(on_rank_skip_collective)[0]
+    (kind, msg, seconds), (again_kind, again_msg, again_s), queued, synced = fresh().run(on_rank_skip_collective)[0]
     assert kind == "DistBackendError", msg
     assert "all_reduce (collective #2 of this group) failed on rank 0 of 2" in msg
-    assert "ranks [1] did not reach it (rank 1 is at #1)" in msg
+    assert "ranks [1] did not reach it (rank 1 is at #1, as published up to 100 ms ago)" in msg
+    assert "(group timeout 3 s)" in msg
     assert TIMEOUT_S * 0.8 < seconds < TIMEOUT_S + 20
     # The group refuses further work at once, naming the first failure.
     assert again_kind == "DistBackendError" and "unusable after an earlier failure" in again_msg
     assert again_s < 1.0
+    # Work queued behind the failure fails at once instead of waiting out its own timeout...
+    assert "all_reduce was skipped: the group is unusable after an earlier failure" in queued
+    # ...and the device reports the failure at its next synchronisation.
+    assert synced[0] == "DistBackendError" and "did not reach it" in synced[1]
 
 
 def on_rank_die_or_reduce(rank, world_size):

@@ -27,9 +27,12 @@ BACKEND_NAME = "neuron"
 
 def _create_backend(store: dist.Store, rank: int, world_size: int, timeout: timedelta):
     # Built through Python so that Gloo honours GLOO_SOCKET_IFNAME and
-    # GLOO_DEVICE_TRANSPORT exactly as a plain "gloo" group does.
+    # GLOO_DEVICE_TRANSPORT exactly as a plain "gloo" group does. CPU tensors
+    # get their own Gloo group: Gloo pairs collectives by call order, and
+    # device collectives reach Gloo later, from the communication stream.
     gloo = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    return _C._ProcessGroupNeuron(store, rank, world_size, timeout, gloo)
+    gloo_cpu = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, world_size, timeout)
+    return _C._ProcessGroupNeuron(store, rank, world_size, timeout, gloo, gloo_cpu)
 
 
 def _default_to_neuron(make_group):
