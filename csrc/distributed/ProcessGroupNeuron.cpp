@@ -620,7 +620,6 @@ WorkPtr ProcessGroupNeuron::barrier(const c10d::BarrierOptions& opts) {
 
 void ProcessGroupNeuron::shutdown() {
   wait_for_lanes();
-  progress_.reset();
   gloo_->shutdown();
   gloo_cpu_->shutdown();
 }

@@ -46,10 +46,10 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def run_torchrun(script: Path, port: int) -> tuple[int | None, str]:
-    """(exit code or None on timeout, output) of `torchrun --nproc-per-node 2 script`."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-           str(script)]
+def run_torchrun(script: Path) -> tuple[int | None, str]:
+    """(exit code or None on timeout, output) of `torchrun --standalone --nproc-per-node 2 script`
+    (--standalone: a rendezvous on a free local port)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         seen: set[int] = set()
@@ -73,8 +73,7 @@ SCRIPTS = ["ddp", "fsdp2", "dtensor", "tensor_parallel", "pipeline", "zero", "si
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_example_matches_single_process_cpu(name):
-    port = 29400 + SCRIPTS.index(name) + 10 * (os.getpid() % 50)
-    code, output = run_torchrun(EXAMPLES / f"{name}.py", port)
+    code, output = run_torchrun(EXAMPLES / f"{name}.py")
     ranks = [line for line in output.splitlines() if line.startswith("[rank") or name in line]
     tail = "\n".join(ranks[-40:] or output.splitlines()[-40:])
     assert code is not None, f"{name}.py did not finish within {TIMEOUT_S} s:\n{tail}"
