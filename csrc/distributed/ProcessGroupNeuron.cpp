@@ -78,6 +78,15 @@ void check_list(const char* op, const char* what, const std::vector<std::vector<
   for (const auto& t : lists[0]) check_like(op, what, t, like);
 }
 
+// `whole` holds one `part` per rank: an all-gather's output, a reduce-scatter's input.
+void check_whole(const char* op, const char* whole_name, const at::Tensor& whole, const char* part_name,
+                 const at::Tensor& part, int size) {
+  TORCH_CHECK_VALUE(whole.numel() == part.numel() * size, op, ": the ", whole_name, " has ", whole.numel(),
+                    " elements but ", size, " ranks x ", part.numel(), " ", part_name, " elements were expected");
+  TORCH_CHECK_TYPE(whole.scalar_type() == part.scalar_type(), op, ": ", whole_name, " dtype ", whole.scalar_type(),
+                   " differs from ", part_name, " dtype ", part.scalar_type());
+}
+
 void check_single(const char* op, const char* what, const std::vector<at::Tensor>& tensors) {
   TORCH_CHECK_VALUE(tensors.size() == 1, op, ": expected one ", what, " tensor, got ", tensors.size());
 }
@@ -401,11 +410,7 @@ WorkPtr ProcessGroupNeuron::allgather(std::vector<std::vector<at::Tensor>>& outp
 
 WorkPtr ProcessGroupNeuron::_allgather_base(at::Tensor& output, at::Tensor& input,
                                             const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "all_gather_into_tensor: the output has ",
-                    output.numel(), " elements but ", getSize(), " ranks x ", input.numel(),
-                    " input elements were expected");
-  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "all_gather_into_tensor: output dtype ",
-                   output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  check_whole("all_gather_into_tensor", "output", output, "input", input, getSize());
   if (on_cpu("all_gather_into_tensor", {input, output})) return gloo_cpu_->_allgather_base(output, input, opts);
   return launch("all_gather_into_tensor", Lane::Collective, {input, output}, {output},
                 [gloo = gloo_, opts](std::vector<at::Tensor>& v) { finish(gloo->_allgather_base(v[1], v[0], opts)); });
@@ -435,9 +440,7 @@ WorkPtr ProcessGroupNeuron::allgather_into_tensor_coalesced(std::vector<at::Tens
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "all_gather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   for (size_t i = 0; i < inputs.size(); ++i)
-    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize() &&
-                          outputs[i].scalar_type() == inputs[i].scalar_type(),
-                      "all_gather_into_tensor_coalesced: output ", i, " must hold ", getSize(), " x input ", i);
+    check_whole("all_gather_into_tensor_coalesced", "output", outputs[i], "input", inputs[i], getSize());
   auto all = concat(inputs, outputs);
   if (on_cpu("all_gather_into_tensor_coalesced", all))
     return gloo_cpu_->allgather_into_tensor_coalesced(outputs, inputs, opts);
@@ -504,11 +507,7 @@ WorkPtr ProcessGroupNeuron::reduce_scatter(std::vector<at::Tensor>& outputs,
 
 WorkPtr ProcessGroupNeuron::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::ReduceScatterOptions& opts) {
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "reduce_scatter_tensor: the input has ",
-                    input.numel(), " elements but ", getSize(), " ranks x ", output.numel(),
-                    " output elements were expected");
-  TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "reduce_scatter_tensor: output dtype ",
-                   output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  check_whole("reduce_scatter_tensor", "input", input, "output", output, getSize());
   check_reduce_op("reduce_scatter_tensor", opts.reduceOp, {input});
   if (on_cpu("reduce_scatter_tensor", {input, output})) return gloo_cpu_->_reduce_scatter_base(output, input, opts);
   c10d::ReduceScatterOptions o = opts;
@@ -526,9 +525,7 @@ WorkPtr ProcessGroupNeuron::reduce_scatter_tensor_coalesced(std::vector<at::Tens
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "reduce_scatter_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   for (size_t i = 0; i < inputs.size(); ++i)
-    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * getSize() &&
-                          outputs[i].scalar_type() == inputs[i].scalar_type(),
-                      "reduce_scatter_tensor_coalesced: input ", i, " must hold ", getSize(), " x output ", i);
+    check_whole("reduce_scatter_tensor_coalesced", "input", inputs[i], "output", outputs[i], getSize());
   auto all = concat(inputs, outputs);
   check_reduce_op("reduce_scatter_tensor_coalesced", opts.reduceOp, all);
   if (on_cpu("reduce_scatter_tensor_coalesced", all))
@@ -576,7 +573,7 @@ WorkPtr ProcessGroupNeuron::alltoall(std::vector<at::Tensor>& outputs, std::vect
 WorkPtr ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   TORCH_CHECK_VALUE(dst >= 0 && dst < getSize() && dst != getRank(), "send: invalid destination rank ", dst,
                     " (this is rank ", getRank(), " of ", getSize(), ")");
-  check_single("send", "", tensors);
+  check_single("send", "source", tensors);
   if (on_cpu("send", tensors)) return gloo_cpu_->send(tensors, dst, tag);
   return launch(
       "send", Lane::Send, tensors, {},
@@ -586,7 +583,7 @@ WorkPtr ProcessGroupNeuron::send(std::vector<at::Tensor>& tensors, int dst, int 
 WorkPtr ProcessGroupNeuron::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   TORCH_CHECK_VALUE(src >= 0 && src < getSize() && src != getRank(), "recv: invalid source rank ", src,
                     " (this is rank ", getRank(), " of ", getSize(), ")");
-  check_single("recv", "", tensors);
+  check_single("recv", "destination", tensors);
   if (on_cpu("recv", tensors)) return gloo_cpu_->recv(tensors, src, tag);
   return launch(
       "recv", Lane::Recv, tensors, tensors,
