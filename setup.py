@@ -4,6 +4,8 @@
 import glob
 import os
 
+import torch
+
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -16,6 +18,10 @@ setup(
         CppExtension(
             "torchneuron._C",
             sources,
+            # Kineto's plugin interface (the PrivateUse1 activity profiler);
+            # libtorch exports the registry, the headers ship in the wheel.
+            include_dirs=[os.path.join(os.path.dirname(torch.__file__), "include", "kineto")],
+            define_macros=[("USE_KINETO", None), ("KINETO_NAMESPACE", "libkineto"), ("FMT_HEADER_ONLY", None)],
             # -g0: the interpreter's flags add -g, which doubles compile time for no use here.
             extra_compile_args=["-O0", "-g"] if debug else ["-O2", "-g0", "-fvisibility=hidden"],
         )

@@ -9,6 +9,7 @@
 #include "backend/Current.h"
 #include "backend/Generator.h"
 #include "distributed/Python.h"
+#include "profiler/Python.h"
 #include "runtime/Runtime.h"
 
 namespace py = pybind11;
@@ -145,4 +146,5 @@ PYBIND11_MODULE(_C, m) {
 
   // the neuron c10d backend
   distributed::bind(m);
+  profiler::bind(m);
 }

@@ -8,6 +8,8 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "../backend/Current.h"
 #include "Launcher.h"
 
@@ -17,11 +19,18 @@ namespace {
 
 using backend::kNeuron;
 
+profiler::TaskFacts copy_facts(const at::Tensor& dst) {
+  int64_t bytes = int64_t(dst.numel()) * int64_t(dst.itemsize());
+  return {runtime::TaskKind::kCopy, bytes, bytes, 0};
+}
+
 void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
   c10::DeviceIndex from = src.device().index(), to = dst.device().index();
   auto src_view = host_view(src), dst_view = host_view(dst);
   if (from == to) {
-    enqueue(to, "copy_ (device to device)", [src_view, dst_view]() mutable { dst_view.copy_(src_view); });
+    enqueue(
+        to, "copy_ (device to device)", [src_view, dst_view]() mutable { dst_view.copy_(src_view); },
+        copy_facts(dst));
     return;
   }
   // Peer copy on the destination's stream, after the source's pending
@@ -32,8 +41,9 @@ void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
   runtime::Event ready;
   ready.record(src_stream);
   ready.block(dst_stream);
-  enqueue(to, "copy_ (between neuron devices)",
-          [src_view, dst_view]() mutable { dst_view.copy_(src_view); });
+  enqueue(
+      to, "copy_ (between neuron devices)", [src_view, dst_view]() mutable { dst_view.copy_(src_view); },
+      copy_facts(dst));
   runtime::Event done;
   done.record(dst_stream);
   done.block(src_stream);
@@ -63,14 +73,17 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     auto dst_view = host_view(dst);
     if (non_blocking && src.is_pinned()) {
       // The task holds the source, so its pinned block outlives the copy.
-      enqueue(device, "copy_ (host to device)", [src, dst_view]() mutable { dst_view.copy_(src); });
+      enqueue(
+          device, "copy_ (host to device)", [src, dst_view]() mutable { dst_view.copy_(src); }, copy_facts(dst));
     } else {
       // As on CUDA: a graph would replay the snapshot taken at capture time.
       TORCH_CHECK(!backend::runtime_stream(backend::current_stream(device)).capturing(),
                   "operation not permitted when stream is capturing: copy_ from pageable host memory to ",
                   dst.device(), "; copy from pinned memory (non_blocking=True) or copy before the capture");
       at::Tensor staged = src.clone();  // snapshot of the pageable source
-      enqueue(device, "copy_ (host to device)", [staged, dst_view]() mutable { dst_view.copy_(staged); });
+      enqueue(
+          device, "copy_ (host to device)", [staged, dst_view]() mutable { dst_view.copy_(staged); },
+          copy_facts(dst));
     }
     return dst;
   }
@@ -79,9 +92,12 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   bool blocking = !(non_blocking && dst.is_pinned());
   // A blocking read sees the device's finished work on every stream, not only
   // the current one (forgiving where CUDA would leave a race to the user).
+  std::optional<profiler::SyncScope> sync;
+  if (blocking) sync.emplace("copy_ (device to host)", device);
   if (blocking) runtime::wait_device_idle(device, /*include_communication=*/false);
   auto src_view = host_view(src);
-  enqueue(device, "copy_ (device to host)", [src_view, dst]() mutable { dst.copy_(src_view); });
+  enqueue(
+      device, "copy_ (device to host)", [src_view, dst]() mutable { dst.copy_(src_view); }, copy_facts(dst));
   if (blocking) backend::synchronize_stream(backend::current_stream(device));
   return dst;
 }

@@ -13,6 +13,7 @@
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
 #include "../backend/Generator.h"
+#include "../profiler/OpCost.h"
 #include "HostArgs.h"
 #include "OpTracking.h"
 #include "OutputPlan.h"
@@ -252,6 +253,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
     torch::jit::Stack inputs, outputs;
   };
   auto run = std::make_shared<Run>();
+  profiler::SyncScope sync(info.name, device);
   runtime::wait_device_idle(device, /*include_communication=*/false);  // as a blocking copy to the host
   enqueue(device, info.name, [op, host = host_arguments(op, info, args, device), run] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -420,6 +422,8 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   for (const auto& t : new_outputs) outputs.push_tensor(t);
   bool use_out = plan->has_new_outputs && !plan->has_undefined_outputs && info.out_variant &&
                  !info.out_variant_failed.load(std::memory_order_relaxed);
+  profiler::TaskFacts facts;
+  if (profiler::recording()) facts = profiler::op_cost(info.name, args, info.written, new_outputs);
   uint64_t seq = enqueue(device, info.name,
           [op, &info, use_out, first, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
            plan] {
@@ -481,10 +485,12 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
             }
             if (first && !plan->cpu_disagrees.load(std::memory_order_relaxed))
               plan->checked.store(true, std::memory_order_release);
-          });
+          },
+          facts);
   if (first) {
     // Wait for the task without taking its error, if any: that still
     // surfaces at the next synchronisation, and the plan stays unchecked.
+    profiler::SyncScope sync("first call of an op (checks its output plan)", device);
     backend::runtime_stream(backend::current_stream(device)).wait_until(seq);
     if (plan->cpu_disagrees.load(std::memory_order_relaxed)) {
       torch::jit::drop(*stack, op.schema().returns().size());

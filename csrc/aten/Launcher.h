@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "../backend/Current.h"
+#include "../profiler/Recorder.h"
 
 namespace torchneuron::aten {
 
@@ -26,9 +27,11 @@ at::Tensor host_view(const at::Tensor& t);
 // Enqueues `body` on the current stream of `device` and returns the task's
 // sequence number on that stream. An exception in the body surfaces at the
 // next synchronisation with `what` in its message; `what` must outlive the
-// task (op names and string literals do).
+// task (op names and string literals do). `facts` describe the task's work
+// to the profiler.
 template <typename Body>
-uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body);
+uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body,
+                 const profiler::TaskFacts& facts = {});
 
 namespace detail {
 // Adds the op name and stream to a task's error, keeping its type.
@@ -37,16 +40,21 @@ void after_enqueue(runtime::Stream& stream);
 }  // namespace detail
 
 template <typename Body>
-uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body) {
+uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body, const profiler::TaskFacts& facts) {
   c10::Stream stream = backend::current_stream(device);
   auto& s = backend::runtime_stream(stream);
-  uint64_t seq = s.enqueue([what, stream, body = std::forward<Body>(body)]() mutable {
-    try {
-      body();
-    } catch (...) {
-      detail::rethrow_task_error(what, stream);
-    }
-  });
+  runtime::TaskRecord* record = profiler::recording() && !s.capturing()
+                                    ? profiler::record_task(what, device, int(stream.id()), facts)
+                                    : nullptr;
+  uint64_t seq = s.enqueue(
+      [what, stream, body = std::forward<Body>(body)]() mutable {
+        try {
+          body();
+        } catch (...) {
+          detail::rethrow_task_error(what, stream);
+        }
+      },
+      record);
   detail::after_enqueue(s);
   return seq;
 }

@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include "Current.h"
+#include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
 
@@ -206,6 +207,12 @@ class DeviceCache {
     release_cached();
   }
 
+  // Allocated and reserved bytes (all pools), for the profiler.
+  std::pair<int64_t, int64_t> usage() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {stats_.allocated_bytes[0].current, stats_.reserved_bytes[0].current};
+  }
+
   DeviceStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceStats s = stats_;
@@ -362,7 +369,15 @@ DeviceCache& cache(c10::DeviceIndex device) {
 
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
-  cache(block->device).free(block);
+  if (!profiler::recording()) return cache(block->device).free(block);
+  // Read before the block may be merged into a neighbour.
+  int device = block->device;
+  void* ptr = block->ptr;
+  auto bytes = int64_t(block->size);
+  cache(device).free(block);
+  auto [allocated, reserved] = cache(device).usage();
+  // Frees run on any thread (often a stream worker): no source line.
+  profiler::record_memory(device, ptr, -bytes, allocated, reserved, /*with_source=*/false);
 }
 
 }  // namespace
@@ -376,6 +391,10 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
   // (lazy_init above: the runtime stream is looked up directly, as on every allocation.)
   uint64_t pool = runtime::get_stream(device, int(current.id())).capture_tag();
   Block* block = cache(device).malloc(nbytes, int(current.id()), pool);
+  if (profiler::recording()) {
+    auto [allocated, reserved] = cache(device).usage();
+    profiler::record_memory(device, block->ptr, int64_t(block->size), allocated, reserved, /*with_source=*/true);
+  }
   return c10::DataPtr(block->ptr, block, &free_block, dev);
 }
 

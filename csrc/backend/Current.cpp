@@ -9,6 +9,7 @@ extern "C" void omp_set_num_threads(int);  // from the OpenMP runtime torch load
 #include <mutex>
 
 #include <c10/util/Exception.h>
+#include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
 
@@ -126,6 +127,7 @@ void synchronize_stream(c10::Stream stream) {
   // As on CUDA: a captured stream has nothing to wait for, its tasks never ran.
   TORCH_CHECK(!s.capturing(), "operation not permitted when stream is capturing: it would wait for neuron:",
               int(stream.device_index()), " stream ", stream.id(), ", which is capturing a graph");
+  profiler::SyncScope sync("stream synchronize", stream.device_index(), int(stream.id()));
   s.synchronize();
 }
 
@@ -135,6 +137,7 @@ void synchronize_device(c10::DeviceIndex device) {
   lazy_init();
   TORCH_CHECK(!runtime::device_capturing(device), "operation not permitted when stream is capturing: neuron:",
               int(device), " has a stream capturing a graph");
+  profiler::SyncScope sync("device synchronize", device);
   runtime::synchronize_device(device);
 }
 

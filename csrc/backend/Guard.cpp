@@ -4,6 +4,7 @@
 
 #include "Allocator.h"
 #include "Current.h"
+#include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
 
@@ -55,6 +56,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   bool queryEvent(void* event) const override { return !event || as_event(event)->query(); }
   void synchronizeEvent(void* event) const override {
+    profiler::SyncScope sync("event synchronize", current_device());
     if (event) as_event(event)->synchronize();
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {

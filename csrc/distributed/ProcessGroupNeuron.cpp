@@ -8,6 +8,7 @@
 #include "../aten/Launcher.h"
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
+#include "../profiler/Recorder.h"
 #include "../runtime/Stream.h"
 #include "Diagnostics.h"
 
@@ -295,9 +296,17 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
   auto outcome = std::make_shared<TaskOutcome>();
   auto self = c10::intrusive_ptr<ProcessGroupNeuron>::unsafe_reclaim_from_nonowning(this);
 
-  uint64_t task = comm.enqueue([self, op, seq, peer, caller_tail, &after, outcome,
+  runtime::TaskRecord* record = nullptr;
+  if (profiler::recording()) {
+    int64_t bytes = 0;
+    for (const auto& t : tensors) bytes += int64_t(t.numel()) * int64_t(t.itemsize());
+    record = profiler::record_task(op, device_, int(stream.id()), {runtime::TaskKind::kCollective, bytes, bytes, 0});
+  }
+  uint64_t task = comm.enqueue([self, op, seq, peer, caller_tail, &after, outcome, record,
                                 snapshots = std::move(snapshots), body = std::move(body)] {
     after.wait_until(caller_tail);
+    // The transfer starts once the caller's stream got here.
+    if (record) record->start_ns.store(runtime::trace_clock_ns(), std::memory_order_relaxed);
     std::shared_ptr<const std::string> earlier;
     {
       std::lock_guard<std::mutex> lock(self->failure_mutex_);
@@ -323,7 +332,7 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
     }
     // The stream keeps the error too, so torch.neuron.synchronize() reports it.
     if (outcome->failed()) outcome->raise();
-  });
+  }, record);
   aten::detail::after_enqueue(comm);
   c10d::OpType type = lane == Lane::Send   ? c10d::OpType::SEND
                       : lane == Lane::Recv ? c10d::OpType::RECV

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <thread>
 
+#include "Trace.h"
+
 namespace torchneuron::runtime {
 
 class Graph;
@@ -32,8 +34,9 @@ class Stream {
   int priority() const { return priority_; }
 
   // Appends a task and returns its sequence number (1, 2, ...). Starts the
-  // worker thread on first use.
-  uint64_t enqueue(Task task);
+  // worker thread on first use. With a record, the worker stamps the task's
+  // start and end in it (profiling); a capture drops the record.
+  uint64_t enqueue(Task task, TaskRecord* record = nullptr);
   // Host waits for every task enqueued so far, then rethrows the first error a
   // task raised since the last synchronisation (clearing it).
   void synchronize();
@@ -62,7 +65,11 @@ class Stream {
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   mutable std::condition_variable done_cv_;
-  std::deque<Task> queue_;
+  struct Queued {
+    Task task;
+    TaskRecord* record;
+  };
+  std::deque<Queued> queue_;
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};
   mutable std::atomic<int> host_waiters_{0};

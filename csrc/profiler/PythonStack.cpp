@@ -1,0 +1,105 @@
+#include "PythonStack.h"
+
+#include <Python.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace torchneuron::profiler {
+
+namespace {
+
+// Frames nearer the root than this are dropped: the launching lines are at
+// the inner end.
+constexpr int kMaxDepth = 64;
+
+struct Key {
+  PyCodeObject* code;
+  int line;
+  int32_t parent;
+  bool operator==(const Key& o) const { return code == o.code && line == o.line && parent == o.parent; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    return std::hash<const void*>()(k.code) ^ (size_t(k.line) * 0x9e3779b97f4a7c15ull) ^ (size_t(k.parent) << 20);
+  }
+};
+
+// Guarded by the GIL and the mutex (taken in that order). The table holds a
+// reference to each code object, so an address cannot be reused by another
+// function while the session runs.
+std::mutex g_mutex;
+std::unordered_map<Key, int32_t, KeyHash> g_ids;
+std::vector<Frame> g_frames;
+std::vector<PyObject*> g_codes;
+
+std::string utf8(PyObject* s) {
+  const char* c = s ? PyUnicode_AsUTF8(s) : nullptr;
+  if (!c) {
+    PyErr_Clear();
+    return "?";
+  }
+  return c;
+}
+
+int32_t intern(PyCodeObject* code, int line, int32_t parent) {
+  Key key{code, line, parent};
+  auto it = g_ids.find(key);
+  if (it != g_ids.end()) return it->second;
+  int32_t id = int32_t(g_frames.size());
+  g_frames.push_back({parent, utf8(code->co_filename), line, utf8(code->co_qualname)});
+  Py_INCREF(code);
+  g_codes.push_back(reinterpret_cast<PyObject*>(code));
+  g_ids.emplace(key, id);
+  return id;
+}
+
+}  // namespace
+
+int32_t current_python_frame() {
+  // Threads that never ran Python have no thread state; asking for the GIL
+  // during interpreter shutdown would hang.
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyFrameObject* stack[kMaxDepth];
+  int depth = 0;
+  for (PyFrameObject* f = PyThreadState_GetFrame(PyThreadState_Get()); f;) {
+    if (depth == kMaxDepth) {  // keep the innermost frames
+      Py_DECREF(f);
+      break;
+    }
+    stack[depth++] = f;
+    f = PyFrame_GetBack(f);
+  }
+  int32_t id = -1;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (int i = depth - 1; i >= 0; --i) {  // outermost first
+      PyCodeObject* code = PyFrame_GetCode(stack[i]);
+      id = intern(code, PyFrame_GetLineNumber(stack[i]), id);
+      Py_DECREF(code);
+    }
+  }
+  for (int i = 0; i < depth; ++i) Py_DECREF(stack[i]);
+  PyGILState_Release(gil);
+  return id;
+}
+
+std::vector<Frame> take_python_frames() {
+  std::vector<PyObject*> codes;
+  std::vector<Frame> frames;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    frames.swap(g_frames);
+    codes.swap(g_codes);
+    g_ids.clear();
+  }
+  if (!codes.empty() && Py_IsInitialized()) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    for (PyObject* c : codes) Py_DECREF(c);
+    PyGILState_Release(gil);
+  }
+  return frames;
+}
+
+}  // namespace torchneuron::profiler
