@@ -14,7 +14,8 @@ $(VENV)/bin/python:
 	# torch is pinned and comes first, so nothing below can pull another build.
 	$(PY) -m pip install torch==2.13.0
 	# expecttest: torch.testing._internal (the conformance harness) imports it.
-	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest
+	# pyarrow: the profiler's Parquet export (the extra torchneuron[profiler]).
+	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest pyarrow
 
 env: $(VENV)/bin/python
 
@@ -44,6 +45,7 @@ bench: build
 	$(PY) benchmarks/compile.py
 	$(PY) benchmarks/nki.py
 	$(PY) benchmarks/distributed.py
+	$(PY) benchmarks/profiler.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

@@ -1,8 +1,10 @@
-"""``torchneuron`` command line: ``torchneuron info``."""
+"""``torchneuron`` command line: ``torchneuron info``, ``torchneuron explore DIR``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import sys
 
@@ -31,13 +33,60 @@ def _info() -> int:
     return 0
 
 
+def _explore(args: argparse.Namespace) -> int:
+    from torchneuron.profiler import explore
+
+    try:
+        export = explore.load(args.directory)
+    except explore.ExportError as e:
+        print(f"torchneuron explore: {e}", file=sys.stderr)
+        return 1
+    report = explore.analyse(export, top=args.top)
+    if args.format == "html":
+        from torchneuron.profiler import report_html
+
+        path = args.output or os.path.join(args.directory, "report.html")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(report_html.render(export, report))
+        print(f"wrote {path}")
+        return 0
+    if args.format == "json":
+        text = json.dumps(report, indent=2) + "\n"
+    else:
+        from torchneuron.profiler.report_text import format_text
+
+        text = format_text(report)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchneuron", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="devices, platform, memory and versions")
+    explore = sub.add_parser("explore", help="find what slows a profile down (a directory export_parquet wrote)")
+    explore.add_argument("directory", help="the export directory")
+    explore.add_argument("--format", choices=["text", "json", "html"], default="text",
+                         help="text (default) or json to stdout, html to DIR/report.html")
+    explore.add_argument("--output", "-o", help="write to this file instead")
+    explore.add_argument("--top", type=_positive, default=10, help="rows per list (default 10)")
     args = parser.parse_args(argv)
     if args.command == "info":
         return _info()
+    if args.command == "explore":
+        return _explore(args)
     return 2
 
 

@@ -48,10 +48,13 @@ bool WorkNeuron::wait(std::chrono::milliseconds timeout) {
   c10::DeviceIndex device = stream_.device_index();
   // The check runs on the caller's stream, so a failed transfer poisons the
   // work that consumes its result instead of passing unreduced data on.
-  aten::enqueue(device, op_, [comm = &backend::runtime_stream(stream_), seq = task_seq_, outcome = outcome_] {
-    comm->wait_until(seq);
-    if (outcome->failed()) outcome->raise();
-  });
+  aten::enqueue(
+      device, op_,
+      [comm = &backend::runtime_stream(stream_), seq = task_seq_, outcome = outcome_] {
+        comm->wait_until(seq);
+        if (outcome->failed()) outcome->raise();
+      },
+      {runtime::TaskKind::kWait});
   if (timeout == kNoTimeout) return true;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!task_done()) {

@@ -55,6 +55,9 @@ class Session final : public libkineto::IActivityProfilerSession {
       int64_t start = task.start_ns.load(std::memory_order_relaxed);
       int64_t end = task.end_ns.load(std::memory_order_acquire);
       if (end == 0) continue;  // never ran (captured into a graph, or still queued)
+      // A stream held for a collective is idle: key_averages() would count it
+      // as device time (the Parquet export keeps it, as kind "wait").
+      if (task.kind == runtime::TaskKind::kWait) continue;
       libkineto::GenericTraceActivity a;
       a.activityType = activity_type(task.kind);
       a.activityName = std::string(task.name);

@@ -12,6 +12,7 @@
 
 namespace torchneuron::runtime {
 
+// kWait: a stream held until another stream's work is done (Work.wait()).
 enum class TaskKind : uint8_t { kKernel, kCopy, kCollective, kGraph, kWait };
 
 inline const char* task_kind_name(TaskKind kind) {

@@ -25,17 +25,37 @@ _COPY_DIRECTIONS = {
     "copy_ (device to device)": "device_to_device",
     "copy_ (between neuron devices)": "between_devices",
 }
-# A session and the profile it belongs to start within this of each other.
-_SESSION_MATCH_NS = 1_000_000_000
+# Kineto starts a profile's clock just before it starts our session.
+_SESSION_START_SLACK_NS = 100_000_000
 
 
-def _library_prefixes() -> tuple[str, ...]:
-    import torchneuron
+class _UserCode:
+    """Tells user code from library code: torch, torchneuron and the
+    standard library are libraries (other installed packages, such as model
+    libraries, are not); the demo is user code that ships inside the package."""
 
-    paths = {os.path.dirname(torch.__file__), os.path.dirname(torchneuron.__file__)}
-    for key in ("stdlib", "platstdlib"):
-        paths.add(sysconfig.get_paths()[key])
-    return tuple(os.path.join(os.path.realpath(p), "") for p in paths)
+    def __init__(self):
+        import torchneuron
+
+        def prefixes(paths):
+            return tuple(os.path.join(os.path.realpath(p), "") for p in paths)
+
+        package = os.path.dirname(torchneuron.__file__)
+        self.ours = prefixes([os.path.dirname(torch.__file__), package])
+        self.installed = prefixes({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+        self.stdlib = prefixes({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+        self.exceptions = {os.path.realpath(os.path.join(package, "demo.py"))}
+
+    def __call__(self, path: str) -> bool:
+        if path.startswith("<frozen"):
+            return False
+        real = os.path.realpath(path)
+        if real in self.exceptions:
+            return True
+        if real.startswith(self.ours):
+            return False
+        # site-packages may live inside the standard library's directory.
+        return real.startswith(self.installed) or not real.startswith(self.stdlib)
 
 
 class _Frames:
@@ -46,9 +66,8 @@ class _Frames:
         self.file = frames["file"]
         self.line = frames["line"]
         self.function = frames["function"]
-        libraries = _library_prefixes()
-        self.is_user = [not (f.startswith("<frozen") or os.path.realpath(f).startswith(libraries))
-                        for f in self.file]
+        is_user = _UserCode()
+        self.is_user = [is_user(f) for f in self.file]
         self._user: dict[int, int] = {}
 
     def user_frame(self, frame: int) -> int:
@@ -71,8 +90,11 @@ class _HostOps:
         cpu = torch.autograd.DeviceType.CPU
         self.events = [e for e in kineto_results.events() if e.device_type() == cpu]
         self.by_id = {e.correlation_id(): e for e in self.events}
-        # Innermost enclosing autograd node of every op run by the backward
-        # pass: its sequence number names the forward op it differentiates.
+        # The autograd sequence number of every op: its own or its nearest
+        # enclosing op's (relu's clamp_min has none of its own). Ops run by
+        # the backward pass get their autograd node's, which names the
+        # forward op it differentiates.
+        self.forward_seq: dict[int, int] = {}
         self.backward_seq: dict[int, int] = {}
         by_thread: dict[int, list] = {}
         for e in self.events:
@@ -83,10 +105,12 @@ class _HostOps:
             for e in ops:
                 while open_ops and open_ops[-1].start_ns() + open_ops[-1].duration_ns() <= e.start_ns():
                     open_ops.pop()
-                for outer in reversed(open_ops + [e]):
-                    if outer.sequence_nr() >= 0 and "Backward" in outer.name():
-                        self.backward_seq[e.correlation_id()] = outer.sequence_nr()
-                        break
+                numbered = [o for o in reversed(open_ops + [e]) if o.sequence_nr() >= 0]
+                node = next((o for o in numbered if "Backward" in o.name()), None)
+                if node is not None:
+                    self.backward_seq[e.correlation_id()] = node.sequence_nr()
+                elif numbered:
+                    self.forward_seq[e.correlation_id()] = numbered[0].sequence_nr()
                 open_ops.append(e)
 
     def name(self, correlation: int) -> str:
@@ -101,7 +125,7 @@ def _matching_session(prof) -> dict[str, Any]:
         raise ValueError("export_parquet: the profile has no results yet; export after the profile stopped "
                          "(after the `with` block, or from on_trace_ready)")
     trace = _C._profiler_last_trace()
-    if trace is None or abs(trace["start_ns"] - results.trace_start_ns()) > _SESSION_MATCH_NS:
+    if trace is None or not (trace["start_ns"] - _SESSION_START_SLACK_NS <= results.trace_start_ns() <= trace["end_ns"]):
         raise ValueError("export_parquet: this profile recorded no neuron activity; profile with "
                          "activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1] and export it before "
                          "starting another profile")
@@ -142,9 +166,8 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
     forward_frame: dict[int, int] = {}
     for source in (trace["tasks"], trace["memory"]):
         for corr, frame in zip(source["correlation_id"], source["frame_id"]):
-            e = host.by_id.get(corr)
-            if frame >= 0 and e is not None and e.sequence_nr() >= 0 and corr not in host.backward_seq:
-                forward_frame.setdefault(e.sequence_nr(), frame)
+            if frame >= 0 and corr in host.forward_seq:
+                forward_frame.setdefault(host.forward_seq[corr], frame)
 
     def source(frame: int, correlation: int) -> dict[str, Any]:
         origin = "launch"
@@ -178,8 +201,9 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
         add("tasks", row)
         device_time[corr] = device_time.get(corr, 0) + end - start
         task_count[corr] = task_count.get(corr, 0) + 1
-        busy.setdefault(row["device"], []).append((start, end))
-        if row["kind"] != "collective":
+        if row["kind"] != "wait":  # a stream held for a collective is idle
+            busy.setdefault(row["device"], []).append((start, end))
+        if row["kind"] not in ("collective", "wait"):
             compute.setdefault(row["device"], []).append((start, end))
         if row["kind"] == "copy":
             seconds = max(end - start, 1) / 1e9
@@ -194,11 +218,11 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
             continue
         d, start, end = t["device"][i], t["start_ns"][i], t["end_ns"][i]
         intervals = compute.get(d, [])
-        row = tables["tasks"]
+        task_rows = tables["tasks"]
         add("collectives", {"task_id": task_id, "name": t["name"][i], "bytes": t["bytes_read"][i], "device": d,
                             "stream": t["stream"][i], "start_ns": start, "end_ns": end,
                             "overlapped_ns": _overlap(start, end, intervals, [s for s, _ in intervals]),
-                            **{k: row[k][task_id] for k in ("frame_id", "source_file", "source_line",
+                            **{k: task_rows[k][task_id] for k in ("frame_id", "source_file", "source_line",
                                                             "source_function", "source_from")}})
 
     for e in host.events:

@@ -38,7 +38,8 @@ TABLES: dict[str, list[Column]] = {
         Column("task_id", "int64", "", "row number, in enqueue order"),
         Column("name", "string", "", "kernel: the ATen op, compiled kernel or NKI kernel; copy_ (<direction>); "
                "a collective's name; graph replay"),
-        Column("kind", "string", "", "kernel | copy | collective | graph"),
+        Column("kind", "string", "", "kernel | copy | collective | graph | wait (a stream held until a "
+               "collective is done, by Work.wait(); idle, not compute)"),
         Column("device", "int32", "", "neuron device index"),
         Column("stream", "int32", "", "stream id on that device (0 = default stream)"),
         Column("enqueue_ns", "int64", "ns since the Unix epoch", "when the host enqueued the task"),
@@ -147,3 +148,13 @@ TABLES: dict[str, list[Column]] = {
         Column("schema_version", "string", "", "version of the schema"),
     ],
 }
+
+
+def markdown() -> str:
+    """The tables as the Markdown of docs/profiler.md's schema section."""
+    out = [f"Schema version: {SCHEMA_VERSION}", ""]
+    for table, columns in TABLES.items():
+        out += [f"### `{table}`", "", "| column | type | unit | meaning |", "|---|---|---|---|"]
+        out += [f"| `{c.name}` | {c.type} | {c.unit} | {c.meaning.replace('|', chr(92) + '|')} |" for c in columns]
+        out.append("")
+    return "\n".join(out)
