@@ -142,7 +142,7 @@ def test_findings_are_sorted_by_impact(report):
 REPORT_KEYS = {"report_version", "directory", "schema_version", "torchneuron_version", "torch_version", "start_ns",
                "end_ns", "thresholds", "overview", "findings"}
 OVERVIEW_KEYS = {"wall_ns", "device_busy_ns", "device_busy_pct", "host_blocked_ns", "host_blocked_pct",
-                 "warmup_blocked_ns", "sync_count", "task_count", "unfinished_tasks", "host_op_count",
+                 "warmup_blocked_ns", "sync_count", "task_count", "host_op_count",
                  "peak_allocated_bytes", "devices"}
 DEVICE_KEYS = {"device", "tasks", "busy_ns", "busy_pct", "first_start_ns", "last_end_ns", "peak_allocated_bytes"}
 FINDING_KEYS = {"kind", "title", "impact_ns", "device", "explanation", "lines", "details"}

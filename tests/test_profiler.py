@@ -289,3 +289,16 @@ def test_a_failing_task_under_the_profiler_still_raises_and_is_recorded(tmp_path
     export_parquet(prof, tmp_path)
     assert "aten::index.Tensor" in {t["name"] for t in read(tmp_path, "tasks")}
     assert torch.equal((x + 1).cpu(), x.cpu() + 1)  # the device is still usable
+
+
+def test_interval_arithmetic():
+    from torchneuron.profiler.intervals import covered, overlap, union
+
+    spans = [(10, 20), (0, 5), (15, 30), (30, 32), (40, 41)]
+    merged = union(spans)
+    assert merged == [(0, 5), (10, 32), (40, 41)]
+    assert covered(spans) == 5 + 22 + 1
+    starts = [s for s, _ in merged]
+    assert overlap(3, 12, merged, starts) == 2 + 2
+    assert overlap(33, 40, merged, starts) == 0
+    assert overlap(-10, 100, merged, starts) == covered(spans)

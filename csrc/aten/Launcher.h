@@ -43,7 +43,7 @@ template <typename Body>
 uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body, const profiler::TaskFacts& facts) {
   c10::Stream stream = backend::current_stream(device);
   auto& s = backend::runtime_stream(stream);
-  runtime::TaskRecord* record = profiler::recording() && !s.capturing()
+  std::shared_ptr<runtime::TaskRecord> record = profiler::recording() && !s.capturing()
                                     ? profiler::record_task(what, device, int(stream.id()), facts)
                                     : nullptr;
   uint64_t seq = s.enqueue(
@@ -54,7 +54,7 @@ uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body, co
           detail::rethrow_task_error(what, stream);
         }
       },
-      record);
+      std::move(record));
   detail::after_enqueue(s);
   return seq;
 }

@@ -79,7 +79,9 @@ class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
-  Block* malloc(size_t requested, int stream, uint64_t graph_pool) {
+  // `source`: the op and line to record the allocation with while profiling
+  // (found before taking the lock: finding it takes the GIL).
+  Block* malloc(size_t requested, int stream, uint64_t graph_pool, profiler::Source source = {}) {
     std::unique_lock<std::mutex> lock(mutex_);
     process_pending();
     size_t size = round_size(requested);
@@ -126,6 +128,7 @@ class DeviceCache {
     update(stats_.active, small, 1);
     update(stats_.active_bytes, small, int64_t(block->size));
     update(stats_.requested_bytes, small, int64_t(requested));
+    if (profiler::recording()) record(block, int64_t(block->size), source);
     return block;
   }
 
@@ -181,6 +184,8 @@ class DeviceCache {
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -int64_t(block->size));
     update(stats_.requested_bytes, block->small, -int64_t(block->requested));
+    // Frees run on any thread (often a stream worker): no source line.
+    if (profiler::recording()) record(block, -int64_t(block->size), {});
     if (!block->stream_uses.empty()) {
       // Other streams may still use the memory: reuse waits for them.
       for (int s : block->stream_uses) {
@@ -205,12 +210,6 @@ class DeviceCache {
     std::lock_guard<std::mutex> lock(mutex_);
     process_pending();
     release_cached();
-  }
-
-  // Allocated and reserved bytes (all pools), for the profiler.
-  std::pair<int64_t, int64_t> usage() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return {stats_.allocated_bytes[0].current, stats_.reserved_bytes[0].current};
   }
 
   DeviceStats stats() {
@@ -346,6 +345,12 @@ class DeviceCache {
   Pool small_pool_, large_pool_;
   std::vector<Block*> pending_;
   DeviceStats stats_;
+
+  // Under mutex_, so the totals and the order of events are the allocator's.
+  void record(const Block* block, int64_t bytes, profiler::Source source) {
+    profiler::record_memory(device_, block->ptr, bytes, stats_.allocated_bytes[0].current,
+                            stats_.reserved_bytes[0].current, source);
+  }
   struct GraphPool {
     int users = 0;
     std::vector<Block*> held;  // freed by their tensors, still used by graphs
@@ -369,15 +374,7 @@ DeviceCache& cache(c10::DeviceIndex device) {
 
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
-  if (!profiler::recording()) return cache(block->device).free(block);
-  // Read before the block may be merged into a neighbour.
-  int device = block->device;
-  void* ptr = block->ptr;
-  auto bytes = int64_t(block->size);
-  cache(device).free(block);
-  auto [allocated, reserved] = cache(device).usage();
-  // Frees run on any thread (often a stream worker): no source line.
-  profiler::record_memory(device, ptr, -bytes, allocated, reserved, /*with_source=*/false);
+  cache(block->device).free(block);
 }
 
 }  // namespace
@@ -390,11 +387,8 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
   // Allocations of a capturing stream belong to its graph's memory pool.
   // (lazy_init above: the runtime stream is looked up directly, as on every allocation.)
   uint64_t pool = runtime::get_stream(device, int(current.id())).capture_tag();
-  Block* block = cache(device).malloc(nbytes, int(current.id()), pool);
-  if (profiler::recording()) {
-    auto [allocated, reserved] = cache(device).usage();
-    profiler::record_memory(device, block->ptr, int64_t(block->size), allocated, reserved, /*with_source=*/true);
-  }
+  Block* block = cache(device).malloc(nbytes, int(current.id()), pool,
+                                      profiler::recording() ? profiler::current_source() : profiler::Source{});
   return c10::DataPtr(block->ptr, block, &free_block, dev);
 }
 
@@ -406,7 +400,13 @@ void CachingAllocator::copy_data(void* dest, const void* src, std::size_t count)
   // Device-to-device copy for the allocator's callers (e.g. storage clone),
   // ordered on the current stream and completed before returning.
   auto& stream = runtime_stream(current_stream());
-  stream.enqueue([=] { std::memcpy(runtime::host_address(dest), runtime::host_address(src), count); });
+  constexpr std::string_view kName = "copy_ (device to device)";
+  auto record = profiler::recording() ? profiler::record_task(kName, stream.device(), stream.id(),
+                                                              {runtime::TaskKind::kCopy, int64_t(count), int64_t(count)})
+                                      : nullptr;
+  stream.enqueue([=] { std::memcpy(runtime::host_address(dest), runtime::host_address(src), count); },
+                 std::move(record));
+  profiler::SyncScope sync(kName, stream.device(), stream.id());
   stream.synchronize();
 }
 

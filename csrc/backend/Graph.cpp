@@ -69,11 +69,11 @@ class NeuronGraph final : public at::GraphImplInterface {
   void replay() override {
     TORCH_CHECK(captured_, "neuron graph: replay before a capture ended");
     runtime::Stream& stream = runtime_stream(current_stream(stream_.device_index()));
-    runtime::TaskRecord* record =
+    std::shared_ptr<runtime::TaskRecord> record =
         profiler::recording()
             ? profiler::record_task("graph replay", stream.device(), stream.id(), {runtime::TaskKind::kGraph})
             : nullptr;
-    uint64_t seq = graph_.replay_on(stream, record);
+    uint64_t seq = graph_.replay_on(stream, std::move(record));
     replays_[&stream] = seq;
     if (launch_blocking()) stream.synchronize();
   }

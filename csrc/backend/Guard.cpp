@@ -56,8 +56,9 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   bool queryEvent(void* event) const override { return !event || as_event(event)->query(); }
   void synchronizeEvent(void* event) const override {
-    profiler::SyncScope sync("event synchronize", current_device());
-    if (event) as_event(event)->synchronize();
+    if (!event) return;
+    profiler::SyncScope sync("event synchronize", as_event(event)->device());
+    as_event(event)->synchronize();
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");

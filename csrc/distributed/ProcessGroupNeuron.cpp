@@ -296,13 +296,13 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
   auto outcome = std::make_shared<TaskOutcome>();
   auto self = c10::intrusive_ptr<ProcessGroupNeuron>::unsafe_reclaim_from_nonowning(this);
 
-  runtime::TaskRecord* record = nullptr;
+  std::shared_ptr<runtime::TaskRecord> record;
   if (profiler::recording()) {
     int64_t bytes = 0;
     for (const auto& t : tensors) bytes += int64_t(t.numel()) * int64_t(t.itemsize());
     record = profiler::record_task(op, device_, int(stream.id()), {runtime::TaskKind::kCollective, bytes, bytes, 0});
   }
-  uint64_t task = comm.enqueue([self, op, seq, peer, caller_tail, &after, outcome, record,
+  uint64_t task = comm.enqueue([self, op, seq, peer, caller_tail, &after, outcome, record = record.get(),
                                 snapshots = std::move(snapshots), body = std::move(body)] {
     after.wait_until(caller_tail);
     // The transfer starts once the caller's stream got here.
@@ -332,7 +332,7 @@ WorkPtr ProcessGroupNeuron::launch(const char* op, Lane lane, const std::vector<
     }
     // The stream keeps the error too, so torch.neuron.synchronize() reports it.
     if (outcome->failed()) outcome->raise();
-  }, record);
+  }, std::move(record));
   aten::detail::after_enqueue(comm);
   c10d::OpType type = lane == Lane::Send   ? c10d::OpType::SEND
                       : lane == Lane::Recv ? c10d::OpType::RECV

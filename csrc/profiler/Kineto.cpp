@@ -52,15 +52,15 @@ class Session final : public libkineto::IActivityProfilerSession {
                     int64_t, int64_t) override {
     if (!trace_) return;
     for (const auto& task : trace_->tasks) {
+      int64_t end = task.end_ns.load(std::memory_order_acquire);  // first: it publishes start_ns
       int64_t start = task.start_ns.load(std::memory_order_relaxed);
-      int64_t end = task.end_ns.load(std::memory_order_acquire);
       if (end == 0) continue;  // never ran (captured into a graph, or still queued)
       // A stream held for a collective is idle: key_averages() would count it
       // as device time (the Parquet export keeps it, as kind "wait").
       if (task.kind == runtime::TaskKind::kWait) continue;
       libkineto::GenericTraceActivity a;
       a.activityType = activity_type(task.kind);
-      a.activityName = std::string(task.name);
+      a.activityName = escape(std::string(task.name));  // kernel names come from users too
       a.startTime = start;
       a.endTime = end;
       a.id = int32_t(task.correlation);
@@ -112,10 +112,11 @@ class Session final : public libkineto::IActivityProfilerSession {
             "neuron:" + std::to_string(device) + " (" + runtime::platform().core_name + ")"};
   }
   int first_device() const { return lanes_.empty() ? 0 : lanes_.begin()->first; }
-  // Chrome trace arguments are written unescaped.
+  // Kineto writes names and arguments into the Chrome trace's JSON as they are.
   static std::string escape(const std::string& s) {
     std::string out;
     for (char c : s) {
+      if (static_cast<unsigned char>(c) < 0x20) continue;  // control characters
       if (c == '"' || c == '\\') out += '\\';
       out += c;
     }

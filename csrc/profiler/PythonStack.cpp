@@ -54,12 +54,24 @@ int32_t intern(PyCodeObject* code, int line, int32_t parent) {
   return id;
 }
 
+// Whether this thread is inside Python code, asked without the GIL: only the
+// thread itself changes its frame pointer. Autograd's engine threads have a
+// thread state but run no Python; taking the GIL there would stall every
+// backward launch behind busy Python threads.
+bool runs_python() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;  // the GIL may never come back
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+#if PY_VERSION_HEX >= 0x030D0000
+  return ts && ts->current_frame;
+#else
+  return ts && ts->cframe && ts->cframe->current_frame;
+#endif
+}
+
 }  // namespace
 
 int32_t current_python_frame() {
-  // Threads that never ran Python have no thread state; asking for the GIL
-  // during interpreter shutdown would hang.
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
+  if (!runs_python()) return -1;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyFrameObject* stack[kMaxDepth];
   int depth = 0;
@@ -94,7 +106,7 @@ std::vector<Frame> take_python_frames() {
     codes.swap(g_codes);
     g_ids.clear();
   }
-  if (!codes.empty() && Py_IsInitialized()) {
+  if (!codes.empty() && Py_IsInitialized() && !_Py_IsFinalizing()) {
     PyGILState_STATE gil = PyGILState_Ensure();
     for (PyObject* c : codes) Py_DECREF(c);
     PyGILState_Release(gil);

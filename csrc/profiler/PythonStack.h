@@ -16,8 +16,9 @@ struct Frame {
   std::string function;
 };
 
-// Innermost frame of this thread's Python stack, or -1 when the thread runs
-// no Python code (autograd's engine threads, stream workers).
+// Innermost frame of this thread's Python stack (taking the GIL), or -1
+// when the thread runs no Python code (autograd's engine threads, stream
+// workers), which is found without taking the GIL.
 int32_t current_python_frame();
 // The frames interned so far, then forgets them (a session's end).
 std::vector<Frame> take_python_frames();

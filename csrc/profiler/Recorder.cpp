@@ -11,15 +11,22 @@ namespace {
 std::mutex g_mutex;
 std::shared_ptr<Trace> g_current;  // the session recording, if any
 std::shared_ptr<const Trace> g_last;
+// Sessions started so far: ids pushed in an older session (a range still
+// open when it stopped is never popped) must not tag this one's events.
+std::atomic<uint64_t> g_generation{0};
 
-thread_local std::vector<uint64_t> t_correlation, t_user_correlation;
+struct Correlation {
+  uint64_t generation, id;
+};
+thread_local std::vector<Correlation> t_correlation, t_user_correlation;
 thread_local int t_sync_depth = 0;
 
 // The host op this thread is running: Kineto's innermost op, else the
 // innermost record_function range.
 uint64_t current_correlation() {
-  if (!t_correlation.empty()) return t_correlation.back();
-  if (!t_user_correlation.empty()) return t_user_correlation.back();
+  uint64_t now = g_generation.load(std::memory_order_relaxed);
+  for (const auto* stack : {&t_correlation, &t_user_correlation})
+    if (!stack->empty() && stack->back().generation == now) return stack->back().id;
   return 0;
 }
 
@@ -31,6 +38,7 @@ void start_session() {
   trace->start_ns = runtime::trace_clock_ns();
   std::lock_guard<std::mutex> lock(g_mutex);
   g_current = std::move(trace);
+  g_generation.fetch_add(1, std::memory_order_relaxed);
   g_recording.store(true, std::memory_order_release);
 }
 
@@ -41,7 +49,7 @@ std::shared_ptr<const Trace> stop_session() {
     g_recording.store(false, std::memory_order_release);
     trace = std::move(g_current);
   }
-  if (!trace) return g_last;
+  if (!trace) return nullptr;
   trace->end_ns = runtime::trace_clock_ns();
   trace->frames = take_python_frames();
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -54,7 +62,8 @@ std::shared_ptr<const Trace> last_session() {
   return g_last;
 }
 
-runtime::TaskRecord* record_task(std::string_view name, int device, int stream, const TaskFacts& facts) {
+std::shared_ptr<runtime::TaskRecord> record_task(std::string_view name, int device, int stream,
+                                                 const TaskFacts& facts) {
   // The stack first: it takes the GIL, which must never be awaited under g_mutex.
   int32_t frame = current_python_frame();
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -70,16 +79,15 @@ runtime::TaskRecord* record_task(std::string_view name, int device, int stream, 
   r.correlation = current_correlation();
   r.frame = frame;
   r.enqueue_ns = runtime::trace_clock_ns();
-  return &r;
+  return std::shared_ptr<runtime::TaskRecord>(g_current, &r);
 }
 
+Source current_source() { return {current_correlation(), current_python_frame()}; }
+
 void record_memory(int device, const void* address, int64_t bytes, int64_t allocated, int64_t reserved,
-                   bool with_source) {
-  MemoryRecord r{device, runtime::trace_clock_ns(), reinterpret_cast<uint64_t>(address), bytes, allocated, reserved};
-  if (with_source) {
-    r.correlation = current_correlation();
-    r.frame = current_python_frame();
-  }
+                   Source source) {
+  MemoryRecord r{device,   runtime::trace_clock_ns(), reinterpret_cast<uint64_t>(address), bytes, allocated,
+                 reserved, source.correlation,        source.frame};
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_current) g_current->memory.push_back(r);
 }
@@ -103,7 +111,9 @@ SyncScope::~SyncScope() {
   if (g_current) g_current->syncs.push_back(record_);
 }
 
-void push_correlation(uint64_t id, bool user) { (user ? t_user_correlation : t_correlation).push_back(id); }
+void push_correlation(uint64_t id, bool user) {
+  (user ? t_user_correlation : t_correlation).push_back({g_generation.load(std::memory_order_relaxed), id});
+}
 
 void pop_correlation(bool user) {
   auto& stack = user ? t_user_correlation : t_correlation;

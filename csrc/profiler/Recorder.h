@@ -37,6 +37,12 @@ struct SyncRecord {
   int32_t frame = -1;
 };
 
+// The host op and Python line behind an event.
+struct Source {
+  uint64_t correlation = 0;
+  int32_t frame = -1;
+};
+
 // An allocation (bytes > 0) or a free (bytes < 0) of the device allocator,
 // with the device's totals right after it.
 struct MemoryRecord {
@@ -60,15 +66,20 @@ struct Trace {
 };
 
 // Sessions. Only one records at a time; the last one stopped is kept for
-// export.
+// export. stop_session() returns nullptr when none was recording.
 void start_session();
 std::shared_ptr<const Trace> stop_session();
 std::shared_ptr<const Trace> last_session();
 
-// Hooks (call only when recording() is true).
-runtime::TaskRecord* record_task(std::string_view name, int device, int stream, const TaskFacts& facts);
+// Hooks (call only when recording() is true). A task's record shares
+// ownership of its session, so a late worker never stamps freed memory.
+std::shared_ptr<runtime::TaskRecord> record_task(std::string_view name, int device, int stream,
+                                                 const TaskFacts& facts);
+// Takes the GIL: never call it under a lock another thread may hold while
+// holding the GIL (take it first, then lock).
+Source current_source();
 void record_memory(int device, const void* address, int64_t bytes, int64_t allocated, int64_t reserved,
-                   bool with_source);
+                   Source source = {});
 
 // Records the time the host spends blocked inside it, when it is the
 // outermost wait of its thread (a .cpu() is one wait, not three).

@@ -28,6 +28,8 @@ void Event::block(Stream& stream) const {
   stream.enqueue([mark = state_] { mark->stream->wait_until(mark->seq); });
 }
 
+int Event::device() const { return state_ ? state_->stream->device() : -1; }
+
 bool Event::query() const { return !state_ || state_->stream->completed() >= state_->seq; }
 
 void Event::synchronize() const {

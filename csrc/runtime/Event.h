@@ -20,6 +20,8 @@ class Event {
   bool query() const;
   // Host waits for completion; rethrows a pending error of the stream.
   void synchronize() const;
+  // Device of the stream it was recorded on, -1 if never recorded.
+  int device() const;
   // Milliseconds between this event and `end`; both must be recorded.
   double elapsed_ms(const Event& end) const;
 

@@ -22,12 +22,12 @@ class Graph {
   void clear() { tasks_ = std::make_shared<std::vector<Stream::Task>>(); }
   // Enqueues one task on `stream` running every recorded task in order; the
   // first error stops the replay and surfaces like any task error.
-  uint64_t replay_on(Stream& stream, TaskRecord* record = nullptr) const {
+  uint64_t replay_on(Stream& stream, std::shared_ptr<TaskRecord> record = nullptr) const {
     return stream.enqueue(
         [tasks = tasks_] {
           for (auto& task : *tasks) task();
         },
-        record);
+        std::move(record));
   }
 
  private:

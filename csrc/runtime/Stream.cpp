@@ -24,7 +24,7 @@ std::atomic<void (*)()> g_worker_start_hook{nullptr};
 
 void set_worker_start_hook(void (*hook)()) { g_worker_start_hook = hook; }
 
-uint64_t Stream::enqueue(Task task, TaskRecord* record) {
+uint64_t Stream::enqueue(Task task, std::shared_ptr<TaskRecord> record) {
   uint64_t seq;
   bool wake;
   {
@@ -37,7 +37,7 @@ uint64_t Stream::enqueue(Task task, TaskRecord* record) {
       worker_started_ = true;
       std::thread([this] { run(); }).detach();  // streams live for the whole process
     }
-    queue_.push_back({std::move(task), record});
+    queue_.push_back({std::move(task), std::move(record)});
     seq = enqueued_.fetch_add(1, std::memory_order_acq_rel) + 1;
     wake = worker_sleeping_;
   }
@@ -55,7 +55,7 @@ void Stream::run() {
   if (auto hook = g_worker_start_hook.load()) hook();
   for (;;) {
     Task task;
-    TaskRecord* record;
+    std::shared_ptr<TaskRecord> record;
     {
       auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
       while (completed_.load(std::memory_order_relaxed) == enqueued_.load(std::memory_order_acquire) &&
@@ -68,7 +68,7 @@ void Stream::run() {
         worker_sleeping_ = false;
       }
       task = std::move(queue_.front().task);
-      record = queue_.front().record;
+      record = std::move(queue_.front().record);
       queue_.pop_front();
     }
     if (record) record->start_ns.store(trace_clock_ns(), std::memory_order_relaxed);
@@ -85,6 +85,7 @@ void Stream::run() {
     }
     if (record) record->end_ns.store(trace_clock_ns(), std::memory_order_release);
     task = nullptr;  // release captures before signalling completion
+    record = nullptr;
     // seq_cst pairs with the host's increment of host_waiters_: one of the
     // two always sees the other's write, so no wake-up is lost.
     completed_.fetch_add(1, std::memory_order_seq_cst);

@@ -12,6 +12,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -35,8 +36,9 @@ class Stream {
 
   // Appends a task and returns its sequence number (1, 2, ...). Starts the
   // worker thread on first use. With a record, the worker stamps the task's
-  // start and end in it (profiling); a capture drops the record.
-  uint64_t enqueue(Task task, TaskRecord* record = nullptr);
+  // start and end in it (profiling), holding it until then; a capture drops
+  // the record.
+  uint64_t enqueue(Task task, std::shared_ptr<TaskRecord> record = nullptr);
   // Host waits for every task enqueued so far, then rethrows the first error a
   // task raised since the last synchronisation (clearing it).
   void synchronize();
@@ -67,7 +69,7 @@ class Stream {
   mutable std::condition_variable done_cv_;
   struct Queued {
     Task task;
-    TaskRecord* record;
+    std::shared_ptr<TaskRecord> record;
   };
   std::deque<Queued> queue_;
   std::atomic<uint64_t> enqueued_{0};

@@ -1,8 +1,12 @@
 """Collectives in a device profile: two ranks profile an all_reduce that
-overlaps matmuls, export to Parquet, and the collectives table shows it."""
+overlaps matmuls, export to Parquet, and the collectives table shows it.
+
+Rank 1 joins the all_reduce late (after a store key says rank 0's matmuls
+are queued), so rank 0's transfer must span its matmuls: a known overlap."""
 
 import inspect
 import os
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,13 +25,24 @@ def on_rank_profile_all_reduce(rank, world_size, directory):
 
     a = torch.randn(192, 192, device="neuron")
     t = torch.full((N,), float(rank + 1), device="neuron")
+    store = dist.distributed_c10d._get_default_store()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        if rank == 1:
+            store.wait(["profiler/matmuls queued"])
+            time.sleep(0.2)  # rank 0's matmuls run while its all_reduce waits for this rank
         work = dist.all_reduce(t, async_op=True)  # the collective
         b = a @ a
+        for _ in range(4):
+            b = b @ a / 192
+        if rank == 0:
+            store.set("profiler/matmuls queued", "1")
         work.wait()
         torch.neuron.synchronize()
     export_parquet(prof, os.path.join(directory, f"rank{rank}"))
-    return t.cpu(), torch.allclose(b.cpu(), a.cpu() @ a.cpu(), rtol=1e-4, atol=1e-3)
+    expected = a.cpu() @ a.cpu()
+    for _ in range(4):
+        expected = expected @ a.cpu() / 192
+    return t.cpu(), torch.allclose(b.cpu(), expected, rtol=1e-3, atol=1e-3)
 
 
 def test_collectives_are_recorded_on_communication_streams(world, tmp_path):
@@ -43,6 +58,8 @@ def test_collectives_are_recorded_on_communication_streams(world, tmp_path):
         assert row["stream"] != 0  # a communication stream, not the caller's
         assert row["start_ns"] <= row["end_ns"]
         assert 0 <= row["overlapped_ns"] <= row["end_ns"] - row["start_ns"]
+        if rank == 0:  # its transfer waited for rank 1 while its matmuls ran
+            assert row["overlapped_ns"] > 0
         assert (os.path.basename(row["source_file"]), row["source_line"]) == ("test_profiler.py", call_line)
         tasks = pq.read_table(tmp_path / f"rank{rank}" / "tasks.parquet").to_pylist()
         assert {("all_reduce", "collective"), ("aten::mm", "kernel")} <= {(t["name"], t["kind"]) for t in tasks}

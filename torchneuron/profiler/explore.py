@@ -21,8 +21,7 @@ like the export's; ``*_pct`` are percentages)::
                        times devices), host_blocked_ns, host_blocked_pct (of
                        wall time), warmup_blocked_ns (first-call waits, part of
                        host_blocked_ns), sync_count, task_count,
-                       unfinished_tasks (not run when the profile stopped;
-                       ignored), host_op_count, peak_allocated_bytes,
+                       host_op_count, peak_allocated_bytes,
                        devices: [{device, tasks, busy_ns, busy_pct,
                        first_start_ns, last_end_ns, peak_allocated_bytes}]
     findings           sorted by impact_ns, largest first; each:
@@ -81,6 +80,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from typing import Any, Iterable
 
+from torchneuron.profiler.intervals import covered, overlap
 from torchneuron.profiler.schema import SCHEMA_VERSION, TABLES
 
 REPORT_VERSION = "1"
@@ -98,8 +98,11 @@ SYNC_MIN_LOST_NS = IDLE_GAP_MIN_NS
 # A task is launch-bound when it runs for less than this fraction of the
 # host's interval between two launches: the device then waits for the host.
 LAUNCH_BOUND_RATIO = 0.5
-# Fusing or capturing pays off for many small tasks, not for a handful.
+# Fusing or capturing pays off for many small tasks, not for a handful...
 LAUNCH_BOUND_MIN_TASKS = 50
+# ...and only when the device actually waited for them: short tasks behind a
+# backlog (the host far ahead) cost nothing.
+LAUNCH_BOUND_MIN_IDLE_NS = 1_000_000
 # A host-to-device copy is taken for a download coming back when its size is
 # within this factor of the download's (an unrelated upload, such as the next
 # batch after a loss was read, rarely is).
@@ -307,6 +310,12 @@ def _finding(kind: str, title: str, impact_ns: int, device: int | None, explanat
 
 # --------------------------------------------------------------------------- timeline
 
+def device_work(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks that occupy the device: a stream held until a collective is
+    done (kind "wait", Work.wait()) is idle."""
+    return [t for t in tasks if t["kind"] != "wait"]
+
+
 class _Device:
     """One device's tasks and the union of their intervals (busy periods)."""
 
@@ -340,12 +349,7 @@ class _Device:
 
     def idle_within(self, a: int, b: int) -> int:
         """Idle time of the device within [a, b)."""
-        covered = 0
-        i = max(bisect_right(self._starts, a) - 1, 0)
-        while i < len(self.busy) and self.busy[i][0] < b:
-            covered += max(0, min(b, self.busy[i][1]) - max(a, self.busy[i][0]))
-            i += 1
-        return max(0, b - a - covered)
+        return max(0, b - a - overlap(a, b, self.busy, self._starts))
 
 
 class _Overlapping:
@@ -368,11 +372,7 @@ class _Profile:
     def __init__(self, export: Export, top: int):
         self.export, self.top = export, top
         t = export.tables
-        # Tasks not yet run when the profile stopped keep zero times; a
-        # stream waiting for a collective (kind "wait") is idle, not busy.
-        ran = [r for r in t["tasks"] if r["start_ns"] > 0 and r["end_ns"] >= r["start_ns"]]
-        self.unfinished = len(t["tasks"]) - len(ran)
-        self.tasks = [r for r in ran if r["kind"] != "wait"]
+        self.tasks = device_work(t["tasks"])
         by_device: dict[int, list] = defaultdict(list)
         for r in self.tasks:
             by_device[r["device"]].append(r)
@@ -430,21 +430,21 @@ def _describe_gap(p: _Profile, start: int, end: int, before: dict[str, Any], aft
     """A device idle gap: the tasks around it and what the host did meanwhile."""
     duration, waits = end - start, p.syncs.within(start, end)
     # Time in waits or torch ops is not plain Python.
-    covered = [(max(start, s["start_ns"]), min(end, s["end_ns"])) for s in waits]
+    busy_host = [(max(start, s["start_ns"]), min(end, s["end_ns"])) for s in waits]
     syncs = [{**_source(s), "what": s["what"], "duration_ns": s["duration_ns"], "in_gap_ns": e - b}
-             for s, (b, e) in zip(waits, covered)]
+             for s, (b, e) in zip(waits, busy_host)]
     host_ops = []
     for op in _outermost(p.host_ops.within(start, end)):
-        covered.append((max(start, op["start_ns"]), min(end, op["end_ns"])))
-        overlap = covered[-1][1] - covered[-1][0]
-        if overlap >= GAP_HOST_OP_MIN_SHARE * duration:
-            host_ops.append({"name": op["name"], "overlap_ns": overlap})
+        busy_host.append((max(start, op["start_ns"]), min(end, op["end_ns"])))
+        in_gap = busy_host[-1][1] - busy_host[-1][0]
+        if in_gap >= GAP_HOST_OP_MIN_SHARE * duration:
+            host_ops.append({"name": op["name"], "overlap_ns": in_gap})
     host_ops.sort(key=lambda o: -o["overlap_ns"])
     return {"start_ns": start, "end_ns": end, "duration_ns": duration,
             "before": {**_source(before), "task": before["name"]}, "after": {**_source(after), "task": after["name"]},
             "syncs": syncs, "host_ops": host_ops[:5],
             "annotations": sorted({a["name"] for a in p.annotations.within(start, end)}),
-            "untracked_ns": duration - _covered(covered)}
+            "untracked_ns": duration - covered(busy_host)}
 
 
 def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -456,17 +456,6 @@ def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
             kept.append(op)
             open_end[op["thread_id"]] = op["end_ns"]
     return kept
-
-
-def _covered(intervals: list[tuple[int, int]]) -> int:
-    total, reach = 0, None
-    for s, e in sorted(intervals):
-        if reach is not None and s < reach:
-            s = reach
-        if e > s:
-            total += e - s
-            reach = e
-    return total
 
 
 _GAP_FIXES = {
@@ -591,13 +580,14 @@ def _waits(p: _Profile) -> list[dict[str, Any]]:
 
 
 def _ping_pong(p: _Profile) -> list[dict[str, Any]]:
+    direction = {c["task_id"]: c["direction"] for c in p.export.tables["copies"]}
     pairs: dict[tuple, list] = defaultdict(list)
     for d, dev in p.devices.items():
         download = None
         for t in dev.tasks:
-            if t["name"] == "copy_ (device to host)":
+            if direction.get(t["task_id"]) == "device_to_host":
                 download = t
-            elif t["name"] == "copy_ (host to device)" and download is not None:
+            elif direction.get(t["task_id"]) == "host_to_device" and download is not None:
                 small, big = sorted((max(download["bytes_written"], 1), max(t["bytes_written"], 1)))
                 if big <= PING_PONG_SIZE_RATIO * small:
                     pairs[(d,) + _source_key(download) + _source_key(t)].append((download, t))
@@ -647,6 +637,8 @@ def _launch_overhead(p: _Profile) -> list[dict[str, Any]]:
         # Longer gaps are the idle_gaps finding's.
         idle = [i if i < IDLE_GAP_MIN_NS else 0 for i in (idle_before.get(id(t), 0) for t in bound)]
         idle_ns = sum(idle)
+        if idle_ns < LAUNCH_BOUND_MIN_IDLE_NS:
+            continue
         device_ns = sum(t["duration_ns"] for t in bound)
         lines = _Lines()
         for t, i in zip(bound, idle):
@@ -773,7 +765,6 @@ def _overview(p: _Profile) -> dict[str, Any]:
         "warmup_blocked_ns": warmup,
         "sync_count": s["sync_count"],
         "task_count": s["task_count"],
-        "unfinished_tasks": p.unfinished,
         "host_op_count": s["host_op_count"],
         "peak_allocated_bytes": s["peak_allocated_bytes"],
         "devices": [{"device": d, "tasks": len(dev.tasks), "busy_ns": dev.busy_ns, "busy_pct": 100 * dev.busy_ns / wall,
@@ -800,7 +791,8 @@ def analyse(export: Export | str | os.PathLike, top: int = 10) -> dict[str, Any]
         "end_ns": s["end_ns"],
         "thresholds": {name: globals()[name] for name in (
             "IDLE_GAP_MIN_NS", "RECURRING_MIN_COUNT", "SYNC_MIN_LOST_NS", "LAUNCH_BOUND_RATIO",
-            "LAUNCH_BOUND_MIN_TASKS", "PING_PONG_SIZE_RATIO", "PING_PONG_MIN_PAIRS", "COMM_EXPOSED_MIN_SHARE",
+            "LAUNCH_BOUND_MIN_TASKS", "LAUNCH_BOUND_MIN_IDLE_NS", "PING_PONG_SIZE_RATIO", "PING_PONG_MIN_PAIRS",
+            "COMM_EXPOSED_MIN_SHARE",
             "GAP_HOST_OP_MIN_SHARE")},
         "overview": _overview(p),
         "findings": findings,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import socket
 import sysconfig
-from bisect import bisect_right
 from typing import Any
 
 import torch
 
 from torchneuron import _C
+from torchneuron.profiler.intervals import overlap, union
 from torchneuron.profiler.schema import SCHEMA_VERSION, TABLES
 
 _COPY_DIRECTIONS = {
@@ -25,8 +25,9 @@ _COPY_DIRECTIONS = {
     "copy_ (device to device)": "device_to_device",
     "copy_ (between neuron devices)": "between_devices",
 }
-# Kineto starts a profile's clock just before it starts our session.
-_SESSION_START_SLACK_NS = 100_000_000
+# Kineto starts a profile's clock just before it starts our session (a
+# fraction of a millisecond; far more under heavy load).
+_SESSION_START_SLACK_NS = 50_000_000
 
 
 class _UserCode:
@@ -93,9 +94,9 @@ class _HostOps:
         # The autograd sequence number of every op: its own or its nearest
         # enclosing op's (relu's clamp_min has none of its own). Ops run by
         # the backward pass get their autograd node's, which names the
-        # forward op it differentiates.
-        self.forward_seq: dict[int, int] = {}
-        self.backward_seq: dict[int, int] = {}
+        # forward op it differentiates. Numbers count per forward thread.
+        self.forward_seq: dict[int, tuple[int, int]] = {}
+        self.backward_seq: dict[int, tuple[int, int]] = {}
         by_thread: dict[int, list] = {}
         for e in self.events:
             by_thread.setdefault(e.start_thread_id(), []).append(e)
@@ -108,9 +109,9 @@ class _HostOps:
                 numbered = [o for o in reversed(open_ops + [e]) if o.sequence_nr() >= 0]
                 node = next((o for o in numbered if "Backward" in o.name()), None)
                 if node is not None:
-                    self.backward_seq[e.correlation_id()] = node.sequence_nr()
+                    self.backward_seq[e.correlation_id()] = (node.fwd_thread_id(), node.sequence_nr())
                 elif numbered:
-                    self.forward_seq[e.correlation_id()] = numbered[0].sequence_nr()
+                    self.forward_seq[e.correlation_id()] = (numbered[0].start_thread_id(), numbered[0].sequence_nr())
                 open_ops.append(e)
 
     def name(self, correlation: int) -> str:
@@ -125,32 +126,16 @@ def _matching_session(prof) -> dict[str, Any]:
         raise ValueError("export_parquet: the profile has no results yet; export after the profile stopped "
                          "(after the `with` block, or from on_trace_ready)")
     trace = _C._profiler_last_trace()
-    if trace is None or not (trace["start_ns"] - _SESSION_START_SLACK_NS <= results.trace_start_ns() <= trace["end_ns"]):
+    device = torch.autograd.DeviceType.PrivateUse1
+    device_events = sum(1 for e in results.events() if e.device_type() == device)
+    ours = None if trace is None else sum(1 for kind in trace["tasks"]["kind"] if kind != "wait")
+    if trace is None or abs(trace["start_ns"] - results.trace_start_ns()) > _SESSION_START_SLACK_NS \
+            or device_events != ours:
         raise ValueError("export_parquet: this profile recorded no neuron activity; profile with "
                          "activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1] and export it before "
                          "starting another profile")
     trace["kineto_results"] = results
     return trace
-
-
-def _overlap(start: int, end: int, intervals: list[tuple[int, int]], starts: list[int]) -> int:
-    """Length of [start, end) covered by sorted, disjoint intervals."""
-    total = 0
-    i = max(bisect_right(starts, start) - 1, 0)
-    while i < len(intervals) and intervals[i][0] < end:
-        total += max(0, min(end, intervals[i][1]) - max(start, intervals[i][0]))
-        i += 1
-    return total
-
-
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
-        else:
-            merged.append((s, e))
-    return merged
 
 
 def build_tables(prof) -> dict[str, dict[str, list]]:
@@ -163,7 +148,7 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
 
     # Forward line of each autograd sequence number, from the forward tasks
     # and allocations that have one.
-    forward_frame: dict[int, int] = {}
+    forward_frame: dict[tuple[int, int], int] = {}
     for source in (trace["tasks"], trace["memory"]):
         for corr, frame in zip(source["correlation_id"], source["frame_id"]):
             if frame >= 0 and corr in host.forward_seq:
@@ -199,9 +184,10 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
                "start_ns": start, "end_ns": end, "duration_ns": end - start, "queued_ns": start - t["enqueue_ns"][i],
                "correlation_id": corr, "host_op": host.name(corr), **source(t["frame_id"][i], corr)}
         add("tasks", row)
-        device_time[corr] = device_time.get(corr, 0) + end - start
-        task_count[corr] = task_count.get(corr, 0) + 1
         if row["kind"] != "wait":  # a stream held for a collective is idle
+            device_time[corr] = device_time.get(corr, 0) + end - start
+            task_count[corr] = task_count.get(corr, 0) + 1
+        if row["kind"] != "wait":
             busy.setdefault(row["device"], []).append((start, end))
         if row["kind"] not in ("collective", "wait"):
             compute.setdefault(row["device"], []).append((start, end))
@@ -212,16 +198,16 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
                            "start_ns": start, "end_ns": end, "bandwidth_gbps": row["bytes_written"] / seconds / 1e9,
                            **{k: row[k] for k in ("frame_id", "source_file", "source_line", "source_function",
                                                   "source_from")}})
-    compute = {d: _union(v) for d, v in compute.items()}
+    compute = {d: union(v) for d, v in compute.items()}
+    compute_starts = {d: [s for s, _ in v] for d, v in compute.items()}
     for task_id, i in enumerate(order):
         if t["kind"][i] != "collective":
             continue
         d, start, end = t["device"][i], t["start_ns"][i], t["end_ns"][i]
-        intervals = compute.get(d, [])
         task_rows = tables["tasks"]
         add("collectives", {"task_id": task_id, "name": t["name"][i], "bytes": t["bytes_read"][i], "device": d,
                             "stream": t["stream"][i], "start_ns": start, "end_ns": end,
-                            "overlapped_ns": _overlap(start, end, intervals, [s for s, _ in intervals]),
+                            "overlapped_ns": overlap(start, end, compute.get(d, []), compute_starts.get(d, [])),
                             **{k: task_rows[k][task_id] for k in ("frame_id", "source_file", "source_line",
                                                             "source_function", "source_from")}})
 
@@ -235,9 +221,13 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
                          "device_time_ns": device_time.get(corr, 0), "task_count": task_count.get(corr, 0)})
 
     s = trace["syncs"]
-    for sync_id, i in enumerate(sorted(range(len(s["what"])), key=lambda i: s["start_ns"][i])):
-        corr = s["correlation_id"][i]
-        add("syncs", {"sync_id": sync_id, **{k: s[k][i] for k in ("what", "device", "stream", "start_ns", "end_ns")},
+    # The wait torch.profiler's own exit adds (it synchronizes the device) is not the program's.
+    profiler_exit = os.path.join("torch", "autograd", "profiler.py")
+    for i in sorted(range(len(s["what"])), key=lambda i: s["start_ns"][i]):
+        corr, frame = s["correlation_id"][i], s["frame_id"][i]
+        if 0 <= frame < len(frames.file) and frames.file[frame].endswith(profiler_exit):
+            continue
+        add("syncs", {"sync_id": len(tables["syncs"]["sync_id"]), **{k: s[k][i] for k in ("what", "device", "stream", "start_ns", "end_ns")},
                       "duration_ns": s["end_ns"][i] - s["start_ns"][i], "correlation_id": corr,
                       "host_op": host.name(corr), **source(s["frame_id"][i], corr)})
 
@@ -258,8 +248,8 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
         "schema_version": SCHEMA_VERSION, "torchneuron_version": torchneuron.__version__,
         "torch_version": torch.__version__, "start_ns": start_ns, "end_ns": end_ns, "wall_ns": end_ns - start_ns,
         "devices": len(busy), "task_count": len(order),
-        "device_busy_ns": sum(e - s for v in busy.values() for s, e in _union(v)),
-        "host_op_count": len(host.events), "sync_count": len(s["what"]),
+        "device_busy_ns": sum(e - s for v in busy.values() for s, e in union(v)),
+        "host_op_count": len(host.events), "sync_count": len(tables["syncs"]["sync_id"]),
         "host_blocked_ns": sum(tables["syncs"]["duration_ns"]),
         "peak_allocated_bytes": max(m["allocated_bytes"], default=0),
     })

@@ -13,7 +13,8 @@ import html
 from collections import defaultdict
 from typing import Any, Iterable
 
-from torchneuron.profiler.explore import WARMUP_WAIT, Export, format_bytes, format_ns, location, short_path
+from torchneuron.profiler.explore import (WARMUP_WAIT, Export, device_work, format_bytes, format_ns, location,
+                                          short_path)
 from torchneuron.profiler.report_text import (Table, devices_table, gap_activity, gaps_table, lines_table,
                                               overview_table)
 
@@ -108,7 +109,7 @@ def _mark_svg(m: dict[str, Any], y: float, height: float, color: str, axis: _Axi
 
 def _timeline(export: Export, report: dict[str, Any]) -> str:
     axis = _Axis(report["start_ns"], report["end_ns"])
-    tasks = [t for t in export.tables["tasks"] if t["start_ns"] > 0 and t["end_ns"] >= t["start_ns"]]
+    tasks = device_work(export.tables["tasks"])
     lanes: dict[tuple[int, int], list] = defaultdict(list)
     for t in tasks:
         label = f"{t['name']} ({location(_line(t))})"
@@ -189,7 +190,7 @@ def _task_bars(report: dict[str, Any]) -> str:
 
 def _line_bars(export: Export) -> str:
     by_line: dict[tuple, list] = defaultdict(lambda: [0, 0])
-    for t in export.tables["tasks"]:
+    for t in device_work(export.tables["tasks"]):
         if t["start_ns"] > 0:
             entry = by_line[(t["source_file"], t["source_line"], t["source_function"])]
             entry[0] += t["end_ns"] - t["start_ns"]

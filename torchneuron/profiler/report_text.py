@@ -20,15 +20,13 @@ class Table(NamedTuple):
 def overview_table(report: dict[str, Any]) -> Table:
     o = report["overview"]
     warmup = f" ({format_ns(o['warmup_blocked_ns'])} of it first-call warm-up)" if o["warmup_blocked_ns"] else ""
-    unfinished = o["unfinished_tasks"]
     return Table([], [
         ["wall time", format_ns(o["wall_ns"]), ""],
         ["device busy", format_ns(o["device_busy_ns"]),
          f"{o['device_busy_pct']:.1f}% of wall time on {plural(len(o['devices']), 'device')}"],
         ["host blocked", format_ns(o["host_blocked_ns"]),
          f"{o['host_blocked_pct']:.1f}% of wall time, {plural(o['sync_count'], 'wait')}{warmup}"],
-        ["tasks", str(o["task_count"]), f"{unfinished} unfinished when the profile stopped (ignored)"
-         if unfinished else ""],
+        ["tasks", str(o["task_count"]), ""],
         ["peak memory", format_bytes(o["peak_allocated_bytes"]), "allocated, highest device"],
     ], frozenset({1}))
 
