@@ -7,6 +7,9 @@
   ``torch.profiler.profile(activities=[CPU, PrivateUse1])`` against the same
   steps without it (target ≤ 1.3x). The host-only profile (activities=[CPU])
   is reported too, to show which part of the cost is torch's own.
+- the cost per launch while recording: small eager ops (add on 64x64, the
+  host-bound worst case) inside a device profile against the same ops without
+  one, interleaved.
 - the walkthrough of docs/profiler.md: the demo's sampling loop after the fix
   the profiler pointed at (sampling on the device) against the loop before
   it (logits read with .cpu() each character), interleaved.
@@ -67,6 +70,25 @@ def _walkthrough(rounds: int) -> dict:
                   higher_is_better=False, chars=demo.SAMPLE_CHARS)
 
 
+def _launch_cost(rounds: int, ops: int = 2000) -> dict:
+    x = torch.randn(64, 64, device="neuron")
+
+    def loop() -> float:
+        torch.neuron.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            x.add(1.0)
+        torch.neuron.synchronize()
+        return (time.perf_counter() - t0) / ops * 1e6
+
+    def recorded() -> float:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+            return loop()
+
+    on, off = interleaved(recorded, loop, rounds=rounds)
+    return report("profiler", "launch_add_64x64_on", "us_per_op", on, "off", off, higher_is_better=False)
+
+
 def _child(profile_first: bool, steps: int, rounds: int) -> None:
     """Prints the median milliseconds per step of this process."""
     run = make_loop("neuron", D_MODEL, steps)
@@ -90,10 +112,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--processes", type=int, default=4, help="process pairs for off vs never enabled")
     parser.add_argument("--child", choices=["never", "profiled"], help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=["walkthrough"], help="run one case")
+    parser.add_argument("--only", choices=["walkthrough", "launch"], help="run one case")
     args = parser.parse_args(argv)
     if args.only == "walkthrough":
         return [_walkthrough(args.rounds)]
+    if args.only == "launch":
+        return [_launch_cost(args.rounds)]
     if args.child:
         _child(args.child == "profiled", args.steps, args.rounds)
         return []
@@ -124,6 +148,7 @@ def main(argv=None) -> list[dict]:
     host_on, plain = interleaved(under([ProfilerActivity.CPU]), plain_run, rounds=args.rounds)
     rows.append(report("profiler", f"gpt_d{D_MODEL}_host_only_on", "ms_per_step", host_on, "off", plain,
                        higher_is_better=False))
+    rows.append(_launch_cost(args.rounds))
     rows.append(_walkthrough(args.rounds))
     return rows
 

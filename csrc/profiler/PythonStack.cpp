@@ -2,6 +2,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -68,6 +69,21 @@ bool runs_python() {
 #endif
 }
 
+// The stack of this thread's previous capture, outermost first. Between two
+// launches only the inner end of a stack changes. A frame's id depends only
+// on its (code, line) and its callers', and the line on (code, lasti): a
+// frame at the same instruction as last time under the same callers has the
+// same id, so neither its line (a line-table decode) nor its id is looked up
+// again. The table holds the code objects, so their addresses stay theirs.
+struct Cached {
+  PyCodeObject* code;
+  int lasti;
+  int32_t id;
+};
+thread_local std::vector<Cached> t_previous;
+thread_local uint64_t t_previous_table = 0;
+std::atomic<uint64_t> g_table{1};  // changes when the frame table is cleared
+
 }  // namespace
 
 int32_t current_python_frame() {
@@ -83,12 +99,27 @@ int32_t current_python_frame() {
     stack[depth++] = f;
     f = PyFrame_GetBack(f);
   }
+  uint64_t table = g_table.load(std::memory_order_acquire);
+  if (t_previous_table != table) t_previous.clear();
+  t_previous_table = table;
   int32_t id = -1;
-  {
+  size_t same = 0;  // frames shared with the previous capture, from the outermost
+  for (int i = depth - 1; i >= 0; --i, ++same) {
+    if (same >= t_previous.size()) break;
+    const Cached& c = t_previous[same];
+    PyCodeObject* code = PyFrame_GetCode(stack[i]);
+    bool hit = c.code == code && c.lasti == PyFrame_GetLasti(stack[i]);
+    Py_DECREF(code);
+    if (!hit) break;
+    id = c.id;
+  }
+  t_previous.resize(same);
+  if (same < size_t(depth)) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    for (int i = depth - 1; i >= 0; --i) {  // outermost first
+    for (int i = depth - 1 - int(same); i >= 0; --i) {
       PyCodeObject* code = PyFrame_GetCode(stack[i]);
       id = intern(code, PyFrame_GetLineNumber(stack[i]), id);
+      t_previous.push_back({code, PyFrame_GetLasti(stack[i]), id});
       Py_DECREF(code);
     }
   }
@@ -105,6 +136,7 @@ std::vector<Frame> take_python_frames() {
     frames.swap(g_frames);
     codes.swap(g_codes);
     g_ids.clear();
+    g_table.fetch_add(1, std::memory_order_release);
   }
   if (!codes.empty() && Py_IsInitialized() && !_Py_IsFinalizing()) {
     PyGILState_STATE gil = PyGILState_Ensure();
