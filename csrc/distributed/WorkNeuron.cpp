@@ -7,6 +7,7 @@
 
 #include "../aten/Launcher.h"
 #include "../backend/Current.h"
+#include "../profiler/Recorder.h"
 
 namespace torchneuron::distributed {
 
@@ -56,6 +57,7 @@ bool WorkNeuron::wait(std::chrono::milliseconds timeout) {
       },
       {runtime::TaskKind::kWait});
   if (timeout == kNoTimeout) return true;
+  profiler::SyncScope sync(op_, device, int(stream_.id()));  // the host blocks until the transfer is done
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!task_done()) {
     if (std::chrono::steady_clock::now() >= deadline)

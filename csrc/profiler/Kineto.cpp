@@ -63,6 +63,8 @@ class Session final : public libkineto::IActivityProfilerSession {
       a.activityName = escape(std::string(task.name));  // kernel names come from users too
       a.startTime = start;
       a.endTime = end;
+      // Kineto's ids are 32-bit; torch.profiler's correlation ids count host
+      // ops from 1 per profile, far below that.
       a.id = int32_t(task.correlation);
       a.device = task.device;
       a.resource = task.stream;

@@ -101,8 +101,9 @@ TABLES: dict[str, list[Column]] = {
     "syncs": [
         Column("sync_id", "int64", "", "row number"),
         Column("what", "string", "", "why the host waited: device synchronize, stream synchronize, event "
-               "synchronize, copy_ (device to host), an op with data-dependent output (aten::nonzero, "
-               "aten::_local_scalar_dense for .item()), or the first call of an op"),
+               "synchronize, copy_ (device to host), copy_ (device to device) (a storage copy of the allocator), "
+               "an op with data-dependent output (aten::nonzero, aten::_local_scalar_dense for .item()), a "
+               "collective's name (Work.wait with a timeout), or the first call of an op"),
         Column("device", "int32", "", "neuron device waited for"),
         Column("stream", "int32", "", "stream waited for, -1 for the whole device"),
         Column("start_ns", "int64", "ns since the Unix epoch", "host starts waiting"),
