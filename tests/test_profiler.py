@@ -302,3 +302,26 @@ def test_interval_arithmetic():
     assert overlap(3, 12, merged, starts) == 2 + 2
     assert overlap(33, 40, merged, starts) == 0
     assert overlap(-10, 100, merged, starts) == covered(spans)
+
+
+def test_compiled_kernels_and_second_device(tmp_path):
+    f = torch.compile(lambda x: (x.sin() * 2 + 1).relu().sum(), backend="neuron"); compiled_line = line_here()
+    x = torch.randn(256, device="neuron")
+    y = torch.randn(16, device="neuron:1")
+    f(x)
+    with profile(activities=DEVICE_AND_HOST) as prof:
+        r = f(x)
+        z = y * 3; second_line = line_here()
+        torch.neuron.synchronize(1)
+    export_parquet(prof, tmp_path)
+    tasks = read(tmp_path, "tasks")
+    kernel = next(t for t in tasks if t["device"] == 0)
+    assert kernel["name"].startswith("cpp_fused_")  # the kernel Inductor generated
+    # Attributed to the compiled function (the frame Dynamo runs it in), not to Inductor's generated code.
+    assert (kernel["source_line"], kernel["source_function"]) == (
+        compiled_line, "test_compiled_kernels_and_second_device.<locals>.<lambda>")
+    on_second = [t for t in tasks if t["device"] == 1]
+    assert [(t["name"], t["source_line"]) for t in on_second] == [("aten::mul.Tensor", second_line)]
+    assert read(tmp_path, "summary")[0]["devices"] == 2
+    assert r.item() == pytest.approx(float((x.cpu().sin() * 2 + 1).relu().sum()), rel=1e-5)
+    assert torch.allclose(z.cpu(), y.cpu() * 3)

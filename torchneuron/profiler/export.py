@@ -31,9 +31,10 @@ _SESSION_START_SLACK_NS = 50_000_000
 
 
 class _UserCode:
-    """Tells user code from library code: torch, torchneuron and the
-    standard library are libraries (other installed packages, such as model
-    libraries, are not); the demo is user code that ships inside the package."""
+    """Tells user code from library code: torch, torchneuron, the code
+    Inductor generates and the standard library are libraries (other
+    installed packages, such as model libraries, are not); the demo is user
+    code that ships inside the package."""
 
     def __init__(self):
         import torchneuron
@@ -41,8 +42,10 @@ class _UserCode:
         def prefixes(paths):
             return tuple(os.path.join(os.path.realpath(p), "") for p in paths)
 
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
         package = os.path.dirname(torchneuron.__file__)
-        self.ours = prefixes([os.path.dirname(torch.__file__), package])
+        self.ours = prefixes([os.path.dirname(torch.__file__), package, cache_dir()])
         self.installed = prefixes({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
         self.stdlib = prefixes({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
         self.exceptions = {os.path.realpath(os.path.join(package, "demo.py"))}
