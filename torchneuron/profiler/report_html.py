@@ -171,7 +171,8 @@ def _bars(rows: list[tuple[str, int, str]], title: str) -> str:
     parts = []
     for i, (label, value, tip) in enumerate(rows):
         y = 4 + i * pitch
-        short = label if len(label) <= 58 else label[:57] + "..."
+        # Cut the middle: the op name starts a label, the line number ends it.
+        short = label if len(label) <= 52 else label[:22] + "..." + label[-27:]
         w = max(bar_w * value / biggest, 1)
         parts.append(f'<text x="{label_w - 6}" y="{y + 12}" text-anchor="end">{_e(short)}</text>'
                      f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{pitch - 5}" fill="#4878d0">'
