@@ -42,6 +42,7 @@ test-slow: build
 bench: build
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/optimizer_step.py
 	$(PY) benchmarks/compile.py
 	$(PY) benchmarks/nki.py
 	$(PY) benchmarks/distributed.py

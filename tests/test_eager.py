@@ -1065,3 +1065,35 @@ def test_nonzero_lays_out_indices_by_column_as_devices_and_fake_tensors_do():
     out = torch.nonzero(x.to("neuron"))
     assert out.stride() == (1, 4)  # what torch.compile's fake tensors plan (CUDA's layout)
     assert out.cpu().tolist() == torch.nonzero(x).tolist()
+
+
+def test_new_scalar_values_reuse_the_output_plan_of_pointwise_and_foreach_ops():
+    """An optimizer passes new scalars every step (bias corrections): for ops
+    whose output shapes cannot depend on them, a new value must not plan the
+    op again. A new plan shows as a wait in the profiler: the first run of a
+    plan is checked against the CPU kernel before the launch returns."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from torchneuron import _C
+
+    xs = [torch.randn(8, 8) for _ in range(3)]
+    ds = [x.to("neuron") for x in xs]
+    torch._foreach_mul(ds, [1.0, 1.0, 1.0])
+    ds[0].add(ds[1], alpha=1.0).clamp(min=0.0)
+    results = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+        for step in range(1, 4):
+            scalars = [1.0 + step / 10, 2.0 - step / 7, 0.5 * step]
+            results.append((scalars, torch._foreach_mul(ds, scalars),
+                            ds[0].add(ds[1], alpha=step / 3).clamp(min=step / 10)))
+        torch.neuron.synchronize()
+    syncs = _C._profiler_last_trace()["syncs"]["what"]
+    assert "first call of an op (checks its output plan)" not in syncs, syncs
+    for scalars, products, clamped in results:
+        for p, x, c in zip(products, xs, scalars):
+            torch.testing.assert_close(p.cpu(), x * c)
+        step = round(scalars[2] * 2)
+        torch.testing.assert_close(clamped.cpu(), xs[0].add(xs[1], alpha=step / 3).clamp(min=step / 10))
+    # A value that does change the shape is still planned per value.
+    assert torch.arange(0.0, 2.5, 0.5, device="neuron").shape == (5,)
+    assert torch.arange(0.0, 2.5, 0.25, device="neuron").shape == (10,)

@@ -45,6 +45,9 @@ struct OpInfo {
   // op, running statistics): running it twice would apply that twice.
   bool writes_inputs = false;
   bool has_generator = false;
+  // Its output geometry follows its tensors alone: pointwise ops broadcast
+  // them, _foreach_* ops mirror them; scalars change values, not shapes.
+  bool scalars_shape_free = false;
 };
 
 bool same_argument(const c10::Argument& a, const c10::Argument& b) {
@@ -103,6 +106,7 @@ OpInfo& op_info_slow(const c10::OperatorHandle& op) {
         "aten::max", "aten::min", "aten::native_batch_norm", "aten::_native_batch_norm_legit",
         "aten::_native_batch_norm_legit.no_stats", "aten::_batch_norm_with_update"};
     if (!functional_only.count(slot->name)) slot->out_variant = find_out_variant(op);
+    slot->scalars_shape_free = schema.name().rfind("aten::_foreach_", 0) == 0 || op.hasTag(at::Tag::pointwise);
     // Its Meta kernel resizes the statistics' out= arguments in inference,
     // which the CPU kernel leaves as they are: the first-call check of the
     // plan cannot see that, so the op always runs synchronously.
@@ -374,7 +378,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   if (info.writes) check_overlap(info, args);
 
   if (info.synchronous.load(std::memory_order_relaxed)) return launch_synchronous(op, info, args, stack, device);
-  auto plan = info.plans.get(op, args);
+  auto plan = info.plans.get(op, args, !info.scalars_shape_free);
   if (plan->synchronous || plan->cpu_disagrees.load(std::memory_order_relaxed) || resizes_an_alias(*plan, info, args))
     return launch_synchronous(op, info, args, stack, device);
   // The first call is checked against the CPU kernel and, if the plan was

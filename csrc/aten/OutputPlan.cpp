@@ -31,7 +31,8 @@ void add_tensor(Key& k, const at::Tensor& t) {
 }
 
 // False when an argument has a type the key cannot describe (no caching).
-bool add_value(Key& k, const c10::IValue& v) {
+// Without `values`, int and floating-point scalars are keyed by type only.
+bool add_value(Key& k, const c10::IValue& v, bool values) {
   if (v.isTensor()) {
     k.push_back(1);
     add_tensor(k, v.toTensor());
@@ -39,9 +40,10 @@ bool add_value(Key& k, const c10::IValue& v) {
     k.push_back(2);
   } else if (v.isInt()) {
     k.push_back(3);
-    k.push_back(v.toInt());
+    if (values) k.push_back(v.toInt());
   } else if (v.isDouble()) {
     k.push_back(4);
+    if (!values) return true;
     double d = v.toDouble();
     int64_t bits;
     std::memcpy(&bits, &d, sizeof bits);
@@ -51,6 +53,7 @@ bool add_value(Key& k, const c10::IValue& v) {
     k.push_back(v.toBool());
   } else if (v.isComplexDouble()) {
     k.push_back(6);
+    if (!values) return true;
     auto c = v.toComplexDouble();
     double parts[2] = {c.real(), c.imag()};
     int64_t bits[2];
@@ -80,7 +83,7 @@ bool add_value(Key& k, const c10::IValue& v) {
     auto list = v.toListRef();
     k.push_back(int64_t(list.size()));
     for (const auto& e : list)
-      if (!add_value(k, e)) return false;
+      if (!add_value(k, e, values)) return false;
   } else if (v.isDevice()) {
     k.push_back(10);
     k.push_back(int64_t(v.toDevice().type()) * 256 + v.toDevice().index());
@@ -258,10 +261,11 @@ bool Geometry::same_as(const at::Tensor& t) const {
          t.strides().equals(c10::IntArrayRef(strides)) && t.storage_offset() == offset;
 }
 
-std::shared_ptr<const OutputPlan> PlanCache::get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+std::shared_ptr<const OutputPlan> PlanCache::get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                                  bool scalar_values_matter) {
   Key key;
   bool cacheable = true;
-  for (const auto& a : args) cacheable = cacheable && add_value(key, a);
+  for (const auto& a : args) cacheable = cacheable && add_value(key, a, scalar_values_matter);
   if (!cacheable) return compute_plan(op, args);
   size_t h = hash_key(key);
   {

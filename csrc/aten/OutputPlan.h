@@ -74,7 +74,11 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
 class PlanCache {
  public:
   // Returns the plan for `op` on `args`, computing and caching it on a miss.
-  std::shared_ptr<const OutputPlan> get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+  // `scalar_values_matter` false: the op's output geometry cannot depend on
+  // its int and floating-point scalars, so plans are shared across their
+  // values (an optimizer's per-step scalars would otherwise miss every step).
+  std::shared_ptr<const OutputPlan> get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                        bool scalar_values_matter = true);
 
  private:
   struct Entry {
