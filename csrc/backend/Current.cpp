@@ -9,6 +9,7 @@ extern "C" void omp_set_num_threads(int);  // from the OpenMP runtime torch load
 #include <mutex>
 
 #include <c10/util/Exception.h>
+
 #include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {

@@ -11,10 +11,10 @@
 #include <atomic>
 #include <unordered_map>
 
+#include "../profiler/Recorder.h"
 #include "../runtime/Graph.h"
 #include "Allocator.h"
 #include "Current.h"
-#include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
 

@@ -2,9 +2,9 @@
 // that c10 (DeviceGuard, StreamGuard, torch.Event, torch.accelerator) speaks.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "../profiler/Recorder.h"
 #include "Allocator.h"
 #include "Current.h"
-#include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
 

@@ -1,6 +1,8 @@
 #include "Python.h"
 
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "Recorder.h"
 
@@ -10,103 +12,86 @@ namespace py = pybind11;
 
 namespace {
 
-// The last session as columns (name -> list), one dict per table.
+// One table as columns (name -> list): each add() holds f(row) for every row.
+template <typename Row>
+class Columns {
+ public:
+  explicit Columns(std::vector<const Row*> rows) : rows_(std::move(rows)) {}
+
+  template <typename F>
+  Columns& add(const char* name, F f) {
+    std::vector<std::decay_t<std::invoke_result_t<F, const Row&>>> values;
+    values.reserve(rows_.size());
+    for (const Row* r : rows_) values.push_back(f(*r));
+    table_[name] = values;
+    return *this;
+  }
+
+  py::dict table() const { return table_; }
+
+ private:
+  std::vector<const Row*> rows_;
+  py::dict table_;
+};
+
+template <typename Container>
+auto all_rows(const Container& c) {
+  std::vector<const typename Container::value_type*> rows;
+  for (const auto& r : c) rows.push_back(&r);
+  return rows;
+}
+
+// The last session as columns, one dict per table.
 py::dict trace_columns(const Trace& trace) {
-  std::vector<std::string> name, kind;
-  std::vector<int64_t> device, stream, enqueue, start, end, bytes_read, bytes_written, flops, correlation, frame;
-  for (const auto& t : trace.tasks) {
-    int64_t e = t.end_ns.load(std::memory_order_acquire);
-    if (e == 0) continue;  // never ran
-    name.emplace_back(t.name);
-    kind.emplace_back(runtime::task_kind_name(t.kind));
-    device.push_back(t.device);
-    stream.push_back(t.stream);
-    enqueue.push_back(t.enqueue_ns);
-    start.push_back(t.start_ns.load(std::memory_order_relaxed));
-    end.push_back(e);
-    bytes_read.push_back(t.bytes_read);
-    bytes_written.push_back(t.bytes_written);
-    flops.push_back(t.flops);
-    correlation.push_back(int64_t(t.correlation));
-    frame.push_back(t.frame);
-  }
-  py::dict tasks;
-  tasks["name"] = name;
-  tasks["kind"] = kind;
-  tasks["device"] = device;
-  tasks["stream"] = stream;
-  tasks["enqueue_ns"] = enqueue;
-  tasks["start_ns"] = start;
-  tasks["end_ns"] = end;
-  tasks["bytes_read"] = bytes_read;
-  tasks["bytes_written"] = bytes_written;
-  tasks["flops"] = flops;
-  tasks["correlation_id"] = correlation;
-  tasks["frame_id"] = frame;
+  std::vector<const runtime::TaskRecord*> ran;
+  for (const auto& t : trace.tasks)
+    if (t.end_ns.load(std::memory_order_acquire) != 0) ran.push_back(&t);  // published after start_ns
 
-  py::dict syncs;
-  {
-    std::vector<std::string> what;
-    std::vector<int64_t> device, stream, start, end, correlation, frame;
-    for (const auto& s : trace.syncs) {
-      what.emplace_back(s.what);
-      device.push_back(s.device);
-      stream.push_back(s.stream);
-      start.push_back(s.start_ns);
-      end.push_back(s.end_ns);
-      correlation.push_back(int64_t(s.correlation));
-      frame.push_back(s.frame);
-    }
-    syncs["what"] = what;
-    syncs["device"] = device;
-    syncs["stream"] = stream;
-    syncs["start_ns"] = start;
-    syncs["end_ns"] = end;
-    syncs["correlation_id"] = correlation;
-    syncs["frame_id"] = frame;
-  }
+  using runtime::TaskRecord;
+  py::dict tasks = Columns<TaskRecord>(std::move(ran))
+                       .add("name", [](const TaskRecord& t) { return std::string(t.name); })
+                       .add("kind", [](const TaskRecord& t) { return std::string(runtime::task_kind_name(t.kind)); })
+                       .add("device", [](const TaskRecord& t) { return int64_t(t.device); })
+                       .add("stream", [](const TaskRecord& t) { return int64_t(t.stream); })
+                       .add("enqueue_ns", [](const TaskRecord& t) { return t.enqueue_ns; })
+                       .add("start_ns", [](const TaskRecord& t) { return t.start_ns.load(std::memory_order_relaxed); })
+                       .add("end_ns", [](const TaskRecord& t) { return t.end_ns.load(std::memory_order_relaxed); })
+                       .add("bytes_read", [](const TaskRecord& t) { return t.bytes_read; })
+                       .add("bytes_written", [](const TaskRecord& t) { return t.bytes_written; })
+                       .add("flops", [](const TaskRecord& t) { return t.flops; })
+                       .add("correlation_id", [](const TaskRecord& t) { return int64_t(t.correlation); })
+                       .add("frame_id", [](const TaskRecord& t) { return int64_t(t.frame); })
+                       .table();
 
-  py::dict memory;
-  {
-    std::vector<int64_t> device, time, address, bytes, allocated, reserved, correlation, frame;
-    for (const auto& m : trace.memory) {
-      device.push_back(m.device);
-      time.push_back(m.time_ns);
-      address.push_back(int64_t(m.address));
-      bytes.push_back(m.bytes);
-      allocated.push_back(m.allocated);
-      reserved.push_back(m.reserved);
-      correlation.push_back(int64_t(m.correlation));
-      frame.push_back(m.frame);
-    }
-    memory["device"] = device;
-    memory["time_ns"] = time;
-    memory["address"] = address;
-    memory["bytes"] = bytes;
-    memory["allocated_bytes"] = allocated;
-    memory["reserved_bytes"] = reserved;
-    memory["correlation_id"] = correlation;
-    memory["frame_id"] = frame;
-  }
+  py::dict syncs = Columns<SyncRecord>(all_rows(trace.syncs))
+                       .add("what", [](const SyncRecord& s) { return std::string(s.what); })
+                       .add("device", [](const SyncRecord& s) { return int64_t(s.device); })
+                       .add("stream", [](const SyncRecord& s) { return int64_t(s.stream); })
+                       .add("start_ns", [](const SyncRecord& s) { return s.start_ns; })
+                       .add("end_ns", [](const SyncRecord& s) { return s.end_ns; })
+                       .add("correlation_id", [](const SyncRecord& s) { return int64_t(s.correlation); })
+                       .add("frame_id", [](const SyncRecord& s) { return int64_t(s.frame); })
+                       .table();
 
-  py::dict frames;
-  {
-    std::vector<int64_t> id, parent, line;
-    std::vector<std::string> file, function;
-    for (size_t i = 0; i < trace.frames.size(); ++i) {
-      const Frame& f = trace.frames[i];
-      id.push_back(int64_t(i));
-      parent.push_back(f.parent);
-      file.push_back(f.file);
-      line.push_back(f.line);
-      function.push_back(f.function);
-    }
-    frames["frame_id"] = id;
-    frames["parent_id"] = parent;
-    frames["file"] = file;
-    frames["line"] = line;
-    frames["function"] = function;
-  }
+  py::dict memory = Columns<MemoryRecord>(all_rows(trace.memory))
+                        .add("device", [](const MemoryRecord& m) { return int64_t(m.device); })
+                        .add("time_ns", [](const MemoryRecord& m) { return m.time_ns; })
+                        .add("address", [](const MemoryRecord& m) { return int64_t(m.address); })
+                        .add("bytes", [](const MemoryRecord& m) { return m.bytes; })
+                        .add("allocated_bytes", [](const MemoryRecord& m) { return m.allocated; })
+                        .add("reserved_bytes", [](const MemoryRecord& m) { return m.reserved; })
+                        .add("correlation_id", [](const MemoryRecord& m) { return int64_t(m.correlation); })
+                        .add("frame_id", [](const MemoryRecord& m) { return int64_t(m.frame); })
+                        .table();
+
+  const std::vector<Frame>& all = trace.frames;
+  py::dict frames = Columns<Frame>(all_rows(all))
+                        .add("frame_id", [&](const Frame& f) { return int64_t(&f - all.data()); })
+                        .add("parent_id", [](const Frame& f) { return int64_t(f.parent); })
+                        .add("file", [](const Frame& f) { return f.file; })
+                        .add("line", [](const Frame& f) { return int64_t(f.line); })
+                        .add("function", [](const Frame& f) { return f.function; })
+                        .table();
 
   py::dict out;
   out["start_ns"] = trace.start_ns;
