@@ -2,6 +2,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "adaptive/Python.h"
 #include "aten/CompiledKernel.h"
 #include "aten/HostTask.h"
 #include "aten/OpTracking.h"
@@ -147,4 +148,5 @@ PYBIND11_MODULE(_C, m) {
   // the neuron c10d backend
   distributed::bind(m);
   profiler::bind(m);
+  adaptive::bind(m);
 }

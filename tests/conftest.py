@@ -1,5 +1,15 @@
+import gc
+
 import pytest
 import torch
+
+
+def pytest_collection_finish(session):
+    """What collection built (the OpInfo database alone is large) lives for
+    the whole session: freezing it keeps every later gc.collect() (the
+    conformance checks call it twice per op) from scanning it again."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -12,13 +12,14 @@ import torch
 from torchneuron import _C  # noqa: F401  (registers the ATen kernels, guard, hooks, allocator)
 from torchneuron import _flex_attention  # noqa: F401  (FlexAttention accepts neuron tensors)
 from torchneuron import _rnn_cells  # noqa: F401  (the fused LSTM/GRU cells PyTorch expects of a device)
+from torchneuron import adaptive  # noqa: F401  (adaptive eager's compile engine)
 from torchneuron import distributed as _distributed  # noqa: F401  (the "neuron" c10d backend)
 from torchneuron import neuron as _neuron_module
 from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_ops
 
 __all__ = [
     "get_executed_ops", "get_fallback_ops", "clear_op_tracking", "get_dynamo_metrics", "reset_dynamo_metrics",
-    "nki_op", "wrap_nki",
+    "nki_op", "wrap_nki", "get_adaptive_metrics", "adaptive_eager", "set_adaptive_eager",
 ]
 __version__ = "0.1.0"
 
@@ -34,6 +35,15 @@ def reset_dynamo_metrics() -> None:
     from torchneuron.compile import metrics
 
     metrics.reset_dynamo_metrics()
+
+
+def get_adaptive_metrics() -> dict:
+    """Counters of adaptive eager; see torchneuron.adaptive.get_metrics."""
+    return adaptive.get_metrics()
+
+
+adaptive_eager = adaptive.enabled  # `with torchneuron.adaptive_eager():`
+set_adaptive_eager = adaptive.set_enabled
 
 
 def nki_op(name: str, mutates_args=(), *, schema=None):

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../adaptive/Adaptive.h"
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
 #include "../backend/Generator.h"
@@ -256,6 +257,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
   struct Run {
     torch::jit::Stack inputs, outputs;
   };
+  if (adaptive::t_collector) throw adaptive::ReplayAborted("ReplayAborted: a synchronous op in a fused program");
   auto run = std::make_shared<Run>();
   profiler::SyncScope sync(info.name, device);
   runtime::wait_device_idle(device, /*include_communication=*/false);  // as a blocking copy to the host
@@ -386,8 +388,11 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   // harm (ops that update an input keep the run-time error below).
   // In a graph capture nothing runs now: the recorded task raises if the plan
   // is wrong instead (warm up before capturing, as on CUDA).
-  const bool first = !plan->checked.load(std::memory_order_acquire) && !info.writes_inputs &&
-                     !backend::runtime_stream(backend::current_stream(device)).capturing();
+  runtime::Stream& stream = backend::runtime_stream(backend::current_stream(device));
+  // Nor inside a fused program (adaptive eager), whose tasks run later as
+  // one: a wrong plan raises there too.
+  const bool first = !plan->checked.load(std::memory_order_acquire) && !info.writes_inputs && !stream.capturing() &&
+                     !adaptive::t_collector;
 
   c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
@@ -428,8 +433,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                  !info.out_variant_failed.load(std::memory_order_relaxed);
   profiler::TaskFacts facts;
   if (profiler::recording()) facts = profiler::op_cost(info.name, args, info.written, new_outputs);
-  uint64_t seq = enqueue(device, info.name,
-          [op, &info, use_out, first, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
+  auto body = [op, &info, use_out, first, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
            plan] {
             const auto& new_index = plan->new_index;
             at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -489,13 +493,21 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
             }
             if (first && !plan->cpu_disagrees.load(std::memory_order_relaxed))
               plan->checked.store(true, std::memory_order_release);
-          },
-          facts);
+          };
+  if (!first && adaptive::should_defer(stream, info.has_generator)) {
+    c10::Stream current = backend::current_stream(device);
+    const size_t nreturns = op.schema().returns().size();
+    adaptive::defer(stream, device, op, info.name, args, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nreturns, nreturns),
+                    detail::as_task(info.name, current, std::move(body)),
+                    detail::task_record(stream, info.name, current, facts));
+    return;
+  }
+  uint64_t seq = enqueue(device, info.name, std::move(body), facts);
   if (first) {
     // Wait for the task without taking its error, if any: that still
     // surfaces at the next synchronisation, and the plan stays unchecked.
     profiler::SyncScope sync("first call of an op (checks its output plan)", device);
-    backend::runtime_stream(backend::current_stream(device)).wait_until(seq);
+    stream.wait_until(seq);
     if (plan->cpu_disagrees.load(std::memory_order_relaxed)) {
       torch::jit::drop(*stack, op.schema().returns().size());
       return launch_synchronous(op, info, args, stack, device);

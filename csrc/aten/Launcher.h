@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "../adaptive/Collector.h"
 #include "../backend/Current.h"
 #include "../profiler/Recorder.h"
 
@@ -28,7 +29,8 @@ at::Tensor host_view(const at::Tensor& t);
 // sequence number on that stream. An exception in the body surfaces at the
 // next synchronisation with `what` in its message; `what` must outlive the
 // task (op names and string literals do). `facts` describe the task's work
-// to the profiler.
+// to the profiler. While a fused program runs (adaptive eager), the task is
+// collected into the program's task instead and 0 is returned.
 template <typename Body>
 uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body,
                  const profiler::TaskFacts& facts = {});
@@ -37,24 +39,37 @@ namespace detail {
 // Adds the op name and stream to a task's error, keeping its type.
 [[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream);
 void after_enqueue(runtime::Stream& stream);
+
+// `body` as a stream task whose error names `what` and the stream.
+template <typename Body>
+runtime::Stream::Task as_task(std::string_view what, c10::Stream stream, Body&& body) {
+  return [what, stream, body = std::forward<Body>(body)]() mutable {
+    try {
+      body();
+    } catch (...) {
+      rethrow_task_error(what, stream);
+    }
+  };
+}
+
+inline std::shared_ptr<runtime::TaskRecord> task_record(const runtime::Stream& s, std::string_view what,
+                                                        c10::Stream stream, const profiler::TaskFacts& facts) {
+  return profiler::recording() && !s.capturing()
+             ? profiler::record_task(what, stream.device_index(), int(stream.id()), facts)
+             : nullptr;
+}
 }  // namespace detail
 
 template <typename Body>
 uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body, const profiler::TaskFacts& facts) {
   c10::Stream stream = backend::current_stream(device);
+  runtime::Stream::Task task = detail::as_task(what, stream, std::forward<Body>(body));
+  if (adaptive::Collector* collector = adaptive::t_collector) {  // a fused program is running
+    collector->tasks.push_back(std::move(task));
+    return 0;
+  }
   auto& s = backend::runtime_stream(stream);
-  std::shared_ptr<runtime::TaskRecord> record = profiler::recording() && !s.capturing()
-                                    ? profiler::record_task(what, device, int(stream.id()), facts)
-                                    : nullptr;
-  uint64_t seq = s.enqueue(
-      [what, stream, body = std::forward<Body>(body)]() mutable {
-        try {
-          body();
-        } catch (...) {
-          detail::rethrow_task_error(what, stream);
-        }
-      },
-      std::move(record));
+  uint64_t seq = s.enqueue(std::move(task), detail::task_record(s, what, stream, facts));
   detail::after_enqueue(s);
   return seq;
 }

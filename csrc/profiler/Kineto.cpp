@@ -77,6 +77,7 @@ class Session final : public libkineto::IActivityProfilerSession {
         a.addMetadata("bytes written", task.bytes_written);
       }
       if (task.flops) a.addMetadata("flops", task.flops);
+      if (!task.replaced.empty()) a.addMetadataQuoted("replaced ops", escape(task.replaced));
       if (task.frame >= 0 && size_t(task.frame) < trace_->frames.size()) {
         const Frame& f = trace_->frames[task.frame];
         a.addMetadataQuoted("source", escape(f.file) + ":" + std::to_string(f.line));

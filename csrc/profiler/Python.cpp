@@ -61,6 +61,7 @@ py::dict trace_columns(const Trace& trace) {
                        .add("flops", [](const TaskRecord& t) { return t.flops; })
                        .add("correlation_id", [](const TaskRecord& t) { return int64_t(t.correlation); })
                        .add("frame_id", [](const TaskRecord& t) { return int64_t(t.frame); })
+                       .add("replaced_ops", [](const TaskRecord& t) { return t.replaced; })
                        .table();
 
   py::dict syncs = Columns<SyncRecord>(all_rows(trace.syncs))

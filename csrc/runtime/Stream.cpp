@@ -20,11 +20,23 @@ constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 constexpr auto kHostSpin = std::chrono::microseconds(20);
 
 std::atomic<void (*)()> g_worker_start_hook{nullptr};
+std::atomic<void (*)(Stream&)> g_deferred_flusher{nullptr};
 }  // namespace
 
 void set_worker_start_hook(void (*hook)()) { g_worker_start_hook = hook; }
+void set_deferred_flusher(void (*flusher)(Stream&)) { g_deferred_flusher = flusher; }
+
+void Stream::flush_deferred() const {
+  if (!deferred_.load(std::memory_order_acquire)) return;
+  if (auto flusher = g_deferred_flusher.load()) flusher(const_cast<Stream&>(*this));
+}
 
 uint64_t Stream::enqueue(Task task, std::shared_ptr<TaskRecord> record) {
+  flush_deferred();
+  return enqueue_flushed(std::move(task), std::move(record));
+}
+
+uint64_t Stream::enqueue_flushed(Task task, std::shared_ptr<TaskRecord> record) {
   uint64_t seq;
   bool wake;
   {
@@ -49,6 +61,8 @@ namespace {
 // The stream whose worker this thread is (nullptr on host threads).
 thread_local const Stream* t_worker_of = nullptr;
 }  // namespace
+
+bool on_worker_thread() { return t_worker_of != nullptr; }
 
 void Stream::run() {
   t_worker_of = this;
@@ -116,6 +130,7 @@ void Stream::wait_until(uint64_t seq) const {
 }
 
 void Stream::begin_capture(Graph* graph, uint64_t tag) {
+  flush_deferred();  // work deferred before the capture is not part of the graph
   std::lock_guard<std::mutex> lock(mutex_);
   if (capture_.load(std::memory_order_relaxed))
     throw std::logic_error("neuron stream " + std::to_string(id_) + " on device " + std::to_string(device_) +

@@ -39,14 +39,22 @@ class Stream {
   // start and end in it (profiling), holding it until then; a capture drops
   // the record.
   uint64_t enqueue(Task task, std::shared_ptr<TaskRecord> record = nullptr);
+  // enqueue() for the deferred-work flusher: does not flush again.
+  uint64_t enqueue_flushed(Task task, std::shared_ptr<TaskRecord> record = nullptr);
   // Host waits for every task enqueued so far, then rethrows the first error a
   // task raised since the last synchronisation (clearing it).
   void synchronize();
   // Waits until task `seq` has run. Errors are left for synchronize().
   void wait_until(uint64_t seq) const;
   // True when every enqueued task has run.
-  bool query() const { return completed_.load(std::memory_order_acquire) >= enqueued_.load(std::memory_order_acquire); }
-  uint64_t enqueued() const { return enqueued_.load(std::memory_order_acquire); }
+  bool query() const {
+    flush_deferred();
+    return completed_.load(std::memory_order_acquire) >= enqueued_.load(std::memory_order_acquire);
+  }
+  uint64_t enqueued() const {
+    flush_deferred();
+    return enqueued_.load(std::memory_order_acquire);
+  }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   // Rethrows (and clears) a pending task error without waiting.
   void rethrow_error();
@@ -59,6 +67,17 @@ class Stream {
   Graph* end_capture();
   bool capturing() const { return capture_.load(std::memory_order_acquire) != nullptr; }
   uint64_t capture_tag() const { return capture_tag_.load(std::memory_order_acquire); }
+
+  // Deferred work (adaptive eager): the host side may hold tasks back instead
+  // of enqueuing them, and marks the stream while it does. Before anything
+  // extends or observes the stream's order (enqueue, enqueued, query,
+  // synchronize, begin_capture; an event record enqueues) the stream calls the
+  // deferred-work flusher, which hands the held work over with
+  // enqueue_flushed() and clears the mark.
+  void mark_deferred() { deferred_.store(true, std::memory_order_release); }
+  void clear_deferred() { deferred_.store(false, std::memory_order_release); }
+  bool has_deferred() const { return deferred_.load(std::memory_order_acquire); }
+  void flush_deferred() const;
 
  private:
   void run();
@@ -81,7 +100,14 @@ class Stream {
   std::atomic<bool> has_error_{false};
   std::atomic<Graph*> capture_{nullptr};
   std::atomic<uint64_t> capture_tag_{0};
+  std::atomic<bool> deferred_{false};
 };
+
+// Whether the calling thread is a stream's worker (it runs device tasks).
+bool on_worker_thread();
+
+// The flusher of deferred work, set once by the host side that defers.
+void set_deferred_flusher(void (*flusher)(Stream&));
 
 // Called at the start of every worker thread (e.g. to set its intra-op
 // thread count); set before the first enqueue.

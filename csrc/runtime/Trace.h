@@ -8,15 +8,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace torchneuron::runtime {
 
 // kWait: a stream held until another stream's work is done (Work.wait()).
-enum class TaskKind : uint8_t { kKernel, kCopy, kCollective, kGraph, kWait };
+// kFused: a segment of eager ops run as one compiled program (adaptive eager).
+enum class TaskKind : uint8_t { kKernel, kCopy, kCollective, kGraph, kWait, kFused };
 
 inline const char* task_kind_name(TaskKind kind) {
-  static const char* const names[] = {"kernel", "copy", "collective", "graph", "wait"};
+  static const char* const names[] = {"kernel", "copy", "collective", "graph", "wait", "fused"};
   return names[int(kind)];
 }
 
@@ -29,6 +31,7 @@ struct TaskRecord {
   int64_t bytes_read = 0, bytes_written = 0, flops = 0;
   uint64_t correlation = 0;  // the launching host op (Kineto correlation id), 0 if none
   int32_t frame = -1;        // innermost Python frame of the launch, -1 if none
+  std::string replaced;      // kFused: the ops the task replaced, comma-separated
 };
 
 // Nanoseconds since the Unix epoch, the clock the host profiler uses.

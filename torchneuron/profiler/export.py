@@ -183,7 +183,8 @@ def build_tables(prof) -> dict[str, dict[str, list]]:
     for task_id, i in enumerate(order):
         start, end, corr = t["start_ns"][i], t["end_ns"][i], t["correlation_id"][i]
         row = {"task_id": task_id, **{k: t[k][i] for k in ("name", "kind", "device", "stream", "enqueue_ns",
-                                                             "bytes_read", "bytes_written", "flops")},
+                                                             "bytes_read", "bytes_written", "flops",
+                                                             "replaced_ops")},
                "start_ns": start, "end_ns": end, "duration_ns": end - start, "queued_ns": start - t["enqueue_ns"][i],
                "correlation_id": corr, "host_op": host.name(corr), **source(t["frame_id"][i], corr)}
         add("tasks", row)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 class Column(NamedTuple):
@@ -39,7 +39,8 @@ TABLES: dict[str, list[Column]] = {
         Column("name", "string", "", "kernel: the ATen op, compiled kernel or NKI kernel; copy_ (<direction>); "
                "a collective's name; graph replay"),
         Column("kind", "string", "", "kernel | copy | collective | graph | wait (a stream held until a "
-               "collective is done, by Work.wait(); idle, not compute)"),
+               "collective is done, by Work.wait(); idle, not compute) | fused (eager ops run as one compiled "
+               "program by adaptive eager)"),
         Column("device", "int32", "", "neuron device index"),
         Column("stream", "int32", "", "stream id on that device (0 = default stream)"),
         Column("enqueue_ns", "int64", "ns since the Unix epoch", "when the host enqueued the task"),
@@ -53,6 +54,7 @@ TABLES: dict[str, list[Column]] = {
         Column("flops", "int64", "FLOP", "estimated floating-point operations (matmul-like ops only, else 0)"),
         Column("correlation_id", "int64", "", "the host op that launched it (host_ops.correlation_id), 0 if none"),
         Column("host_op", "string", "", "name of that host op; empty if none"),
+        Column("replaced_ops", "string", "", "fused: the eager ops the task ran, comma-separated; else empty"),
         *_source("launch"),
     ],
     "host_ops": [

@@ -1,0 +1,278 @@
+// Deferring ops into segments and flushing them: op by op, or as one fused
+// task once the segment's compiled program is ready.
+//
+// Recognition and compilation are driven from Python (torchneuron.adaptive):
+// a segment seen `hot` times is described to the engine, which compiles it in
+// a child process; when it reports the program compiled, the next flush of
+// that segment loads it and from then on runs it instead of the ops.
+//
+// Locking: a stream's flushes are serialised, in order, by its flush mutex.
+// A flush may call Python (the GIL), so a thread that holds the GIL releases
+// it while it waits for the flush mutex: no thread ever waits for the flush
+// mutex while holding the GIL.
+#include <ATen/Context.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "../backend/Current.h"
+#include "../profiler/Recorder.h"
+#include "Adaptive.h"
+#include "Collector.h"
+#include "Engine.h"
+#include "Segment.h"
+
+namespace torchneuron::adaptive {
+
+namespace py = pybind11;
+
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+
+struct Pending {
+  explicit Pending(runtime::Stream& s) : stream(s) {}
+  runtime::Stream& stream;
+  std::mutex mutex;  // guards `segment`
+  Segment segment;
+  std::mutex flush_mutex;
+  std::atomic<int64_t> last_defer_ns{0};
+};
+
+std::mutex g_pending_mutex;
+std::vector<Pending*>* g_pending = new std::vector<Pending*>();  // leaked: streams live forever
+
+Pending& pending_of(runtime::Stream& s) {
+  thread_local std::unordered_map<const runtime::Stream*, Pending*> cache;
+  Pending*& p = cache[&s];
+  if (p) return *p;
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  for (Pending* q : *g_pending)
+    if (&q->stream == &s) return *(p = q);
+  g_pending->push_back(p = new Pending(s));
+  return *p;
+}
+
+thread_local bool t_idle_flusher = false;
+thread_local const runtime::Stream* t_flushing = nullptr;
+
+bool python_usable() {
+  return engine_ready() && !t_idle_flusher && !runtime::on_worker_thread() && Py_IsInitialized() &&
+         !_Py_IsFinalizing();
+}
+
+// ---- idle flushing ------------------------------------------------------------
+
+void idle_flusher_loop() {
+  t_idle_flusher = true;
+  for (;;) {
+    const int64_t idle_ns = settings().idle_ns.load(std::memory_order_relaxed);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(idle_ns / 2, 100000)));
+    std::vector<Pending*> all;
+    {
+      std::lock_guard<std::mutex> lock(g_pending_mutex);
+      all = *g_pending;
+    }
+    int64_t now = now_ns();
+    for (Pending* p : all)
+      if (p->stream.has_deferred() && now - p->last_defer_ns.load(std::memory_order_relaxed) > idle_ns) {
+        try {
+          p->stream.flush_deferred();
+        } catch (...) {  // nothing to report to: the ops' own errors surface at synchronisation
+        }
+      }
+  }
+}
+
+void start_idle_flusher() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::thread(idle_flusher_loop).detach(); });
+}
+
+// ---- running a flushed segment --------------------------------------------------
+
+void run_op_by_op(runtime::Stream& s, Segment& seg) {
+  for (auto& op : seg.ops) s.enqueue_flushed(std::move(op.eager_task), std::move(op.record));
+}
+
+std::string replaced_ops(const Segment& seg) {
+  std::string names;
+  for (const auto& op : seg.ops) {
+    if (!names.empty()) names += ", ";
+    names += op.name;
+  }
+  return names;
+}
+
+// Runs the compiled program of `seg` on the host, collecting the tasks it
+// launches, and enqueues them as one task. False if this occurrence must run
+// op by op instead.
+bool replay(runtime::Stream& s, Segment& seg, const std::vector<bool>& live, SegmentState& state) {
+  Collector collector;
+  std::string failure;
+  {
+    py::gil_scoped_acquire gil;
+    py::list tensors;
+    for (const auto& t : seg.inputs) tensors.append(t);
+    t_collector = &collector;
+    try {
+      // Uploaded as part of the fused task (the copies are collected).
+      for (const auto& t : seg.lifted) tensors.append(t.to(c10::Device(c10::DeviceType::PrivateUse1, seg.device)));
+      for (size_t v = 0; v < live.size(); ++v)
+        if (live[v]) tensors.append(value_tensor(seg.values[v]));
+      state.call(tensors);
+    } catch (py::error_already_set& e) {
+      failure = e.what();
+      if (e.matches(PyExc_RuntimeError) && failure.find("ReplayAborted") != std::string::npos) failure.clear();
+    } catch (const ReplayAborted&) {
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    bool ok = t_collector == &collector && collector.tasks.size() > 0;
+    t_collector = nullptr;
+    if (!failure.empty()) {
+      state.fail("its compiled program failed on the host: " + failure);
+      return false;
+    }
+    if (!ok) {
+      metrics().aborted_replays++;
+      return false;
+    }
+  }
+  std::vector<runtime::Stream::Task> eager;
+  eager.reserve(seg.ops.size());
+  for (auto& op : seg.ops) eager.push_back(std::move(op.eager_task));
+  std::shared_ptr<runtime::TaskRecord> record;
+  if (profiler::recording()) {
+    profiler::TaskFacts facts;
+    facts.kind = runtime::TaskKind::kFused;
+    record = profiler::record_task("adaptive_segment", seg.device, s.id(), facts);
+    record->replaced = replaced_ops(seg);
+  }
+  s.enqueue_flushed(
+      [tasks = std::move(collector.tasks), eager = std::move(eager)]() mutable {
+        try {
+          for (auto& t : tasks) t();
+        } catch (...) {
+          // Report the error as eager would: run the ops one by one, which
+          // raises the first failing op's own error. (The segment's results
+          // are undefined after an error, as after a failed eager op.)
+          for (auto& t : eager) t();
+          throw;  // the ops did not fail where the program did: report the program's error
+        }
+      },
+      std::move(record));
+  auto& m = metrics();
+  m.replays++;
+  m.ops_replayed += int64_t(seg.ops.size());
+  m.launches_saved += int64_t(seg.ops.size()) - 1;
+  return true;
+}
+
+void run(runtime::Stream& s, Segment& seg) {
+  auto& m = metrics();
+  m.segments++;
+  m.ops_deferred += int64_t(seg.ops.size());
+  std::string_view why = !seg.unsupported.empty() ? seg.unsupported
+                         : !python_usable()       ? std::string_view("flushed where Python cannot run (idle flush)")
+                         : seg.ops.size() < 2     ? std::string_view("a single op")
+                                                  : std::string_view();
+  if (!why.empty()) {
+    m.count_op_by_op(why);
+    return run_op_by_op(s, seg);
+  }
+  std::vector<bool> live = seg.live_values();
+  seg.signature.push_back(-2);
+  for (bool l : live) seg.signature.push_back(l);
+  std::shared_ptr<SegmentState> state = state_of(seg.signature);
+  if (!state->advance(seg, live)) return run_op_by_op(s, seg);
+  if (!replay(s, seg, live, *state)) run_op_by_op(s, seg);
+}
+
+// The runtime's deferred-work flusher.
+void flush(runtime::Stream& s) {
+  if (t_flushing == &s) return;  // the program of a segment of this stream is running: it collects
+  Pending& p = pending_of(s);
+  lock_without_gil(p.flush_mutex);
+  std::lock_guard<std::mutex> flushing(p.flush_mutex, std::adopt_lock);
+  Segment seg;
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (p.segment.empty()) return s.clear_deferred();
+    seg = std::move(p.segment);
+    p.segment = Segment();
+    s.clear_deferred();
+  }
+  const runtime::Stream* outer = t_flushing;
+  t_flushing = &s;
+  try {
+    run(s, seg);
+  } catch (...) {
+    t_flushing = outer;
+    throw;
+  }
+  t_flushing = outer;
+}
+
+const bool registered = [] {
+  runtime::set_deferred_flusher(&flush);
+  return true;
+}();
+
+}  // namespace
+
+Settings& settings() {
+  static auto* s = new Settings{{std::max<int64_t>(1, env_int("TORCHNEURON_ADAPTIVE_HOT", 2))},
+                                {std::max<int64_t>(1, env_int("TORCHNEURON_ADAPTIVE_MAX_OPS", 1024))},
+                                {env_int("TORCHNEURON_ADAPTIVE_IDLE_MS", 5) * 1000000}};
+  return *s;
+}
+
+std::atomic<bool> g_enabled{env_flag("TORCHNEURON_ADAPTIVE_EAGER")};
+
+void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+
+bool should_defer(const runtime::Stream& stream, bool random_op) {
+  return enabled() && !random_op && t_collector == nullptr && !backend::launch_blocking() &&
+         !at::globalContext().deterministicAlgorithms() && !stream.capturing();
+}
+
+void defer(runtime::Stream& stream, c10::DeviceIndex device, const c10::OperatorHandle& op, std::string_view name,
+           c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> returns, runtime::Stream::Task task,
+           std::shared_ptr<runtime::TaskRecord> record) {
+  Pending& p = pending_of(stream);
+  size_t size;
+  {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    // Ops of another device on this stream's segment cannot happen (one
+    // stream, one device), but a segment starts on the device of its first op.
+    if (p.segment.empty()) p.segment.device = device;
+    p.segment.append(op, name, args, returns, std::move(task), std::move(record));
+    size = p.segment.ops.size();
+    stream.mark_deferred();
+  }
+  p.last_defer_ns.store(now_ns(), std::memory_order_relaxed);
+  start_idle_flusher();
+  if (int64_t(size) >= settings().max_ops.load(std::memory_order_relaxed)) stream.flush_deferred();
+}
+
+}  // namespace torchneuron::adaptive

@@ -1,0 +1,211 @@
+#include "Segment.h"
+
+#include <ATen/ops/tensor.h>
+
+#include <cstring>
+#include <functional>
+
+namespace torchneuron::adaptive {
+
+namespace {
+
+int64_t bits(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+bool same_geometry(const at::Tensor& t, c10::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                   int64_t offset) {
+  return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+         t.storage_offset() == offset;
+}
+
+template <typename Geometry>
+void sign_geometry(std::vector<int64_t>& sig, const Geometry& g) {
+  sig.push_back(int64_t(g.dtype));
+  sig.push_back(int64_t(g.sizes.size()));
+  sig.insert(sig.end(), g.sizes.begin(), g.sizes.end());
+  sig.insert(sig.end(), g.strides.begin(), g.strides.end());
+  sig.push_back(g.offset);
+}
+
+}  // namespace
+
+TensorRef Segment::reference(const at::Tensor& t) {
+  TensorRef ref;
+  if (!t.defined()) return ref;
+  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+    unsupported = "a CPU tensor argument";  // its host value may change before the segment runs
+    return ref;
+  }
+  if (t.is_conj() || t.is_neg()) unsupported = "a conjugate or negative view";
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  ref.dtype = t.scalar_type();
+  ref.sizes.assign(t.sizes().begin(), t.sizes().end());
+  ref.strides.assign(t.strides().begin(), t.strides().end());
+  ref.offset = t.storage_offset();
+  auto it = by_storage.find(storage);
+  if (it == by_storage.end()) {
+    ref.kind = TensorRef::kInput;
+    ref.index = int32_t(inputs.size());
+    inputs.push_back(t);
+    by_storage.emplace(storage, ref);
+    signature.push_back(-1);  // a new input and its layout
+    signature.push_back(t.device().index());
+    signature.push_back(int64_t(t.storage().nbytes()));
+    sign_geometry(signature, ref);
+    return ref;
+  }
+  ref.kind = it->second.kind;
+  ref.index = it->second.index;
+  const at::Tensor* base = ref.kind == TensorRef::kInput ? &inputs[ref.index] : nullptr;
+  if (base) {
+    ref.is_view = !same_geometry(*base, ref.dtype, ref.sizes, ref.strides, ref.offset);
+  } else {
+    const Value& v = values[ref.index];
+    ref.is_view = !(v.dtype == ref.dtype && c10::IntArrayRef(v.sizes).equals(ref.sizes) &&
+                    c10::IntArrayRef(v.strides).equals(ref.strides) && v.offset == ref.offset);
+  }
+  return ref;
+}
+
+void Segment::sign(const TensorRef& ref) {
+  signature.push_back(int64_t(ref.kind) * 2 + ref.is_view);
+  signature.push_back(ref.index);
+  if (ref.is_view) sign_geometry(signature, ref);
+}
+
+void Segment::sign(const c10::IValue& v) {
+  signature.push_back(int64_t(v.tag));
+  if (v.isNone()) return;
+  if (v.isInt()) return signature.push_back(v.toInt());
+  if (v.isDouble()) return signature.push_back(bits(v.toDouble()));
+  if (v.isBool()) return signature.push_back(v.toBool());
+  if (v.isString()) return signature.push_back(int64_t(std::hash<std::string_view>()(v.toStringView())));
+  if (v.isDevice()) return signature.push_back(int64_t(v.toDevice().type()) * 1000 + v.toDevice().index());
+  if (v.isIntList()) {
+    auto list = v.toIntList();
+    signature.push_back(int64_t(list.size()));
+    for (int64_t x : list) signature.push_back(x);
+    return;
+  }
+  if (v.isDoubleList()) {
+    auto list = v.toDoubleList();
+    signature.push_back(int64_t(list.size()));
+    for (double x : list) signature.push_back(bits(x));
+    return;
+  }
+  if (v.isBoolList()) {
+    auto list = v.toBoolList();
+    signature.push_back(int64_t(list.size()));
+    for (bool x : list) signature.push_back(x);
+    return;
+  }
+  if (v.isList()) {  // a Scalar[] (a foreach op's per-tensor scalars)
+    auto list = v.toListRef();
+    signature.push_back(int64_t(list.size()));
+    for (const auto& x : list) sign(x);
+    return;
+  }
+  unsupported = "a constant argument of a type the compiler does not take";
+}
+
+bool Segment::lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const c10::IValue& scalars,
+                   ArgRecord& arg) {
+  if (op.schema().name().rfind("aten::_foreach_", 0) != 0 || args.empty() || !args[0].isTensorList()) return false;
+  auto list = scalars.toListRef();
+  std::vector<double> values;
+  for (const auto& x : list) {
+    if (!x.isDouble() && !x.isInt()) return false;
+    values.push_back(x.isDouble() ? x.toDouble() : double(x.toInt()));
+  }
+  auto tensors = args[0].toTensorList();
+  if (tensors.size() == 0) return false;
+  // The kernel computes in the tensors' math type: float for reduced floats.
+  c10::ScalarType dtype = tensors.get(0).scalar_type();
+  if (!c10::isFloatingType(dtype)) return false;
+  if (dtype != c10::kDouble) dtype = c10::kFloat;
+  arg.kind = ArgRecord::kLifted;
+  arg.lifted = int32_t(lifted.size());
+  lifted.push_back(at::tensor(values, at::TensorOptions().dtype(c10::kDouble)).to(dtype));
+  signature.push_back(-3);
+  signature.push_back(int64_t(dtype));
+  signature.push_back(int64_t(values.size()));
+  return true;
+}
+
+void Segment::append(const c10::OperatorHandle& op, std::string_view name, c10::ArrayRef<c10::IValue> args,
+                     c10::ArrayRef<c10::IValue> returns, runtime::Stream::Task eager_task,
+                     std::shared_ptr<runtime::TaskRecord> record) {
+  RecordedOp rec{&op, name, {}, {}, std::move(eager_task), std::move(record)};
+  signature.push_back(reinterpret_cast<intptr_t>(&op.schema()));
+  rec.args.reserve(args.size());
+  for (const auto& a : args) {
+    ArgRecord arg;
+    if (a.isTensor() && a.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+      arg.constant = a.toTensor().item();  // a Python number the op took as a tensor
+      sign(arg.constant);
+    } else if (a.isTensor()) {
+      arg.kind = ArgRecord::kTensor;
+      arg.tensors.push_back(reference(a.toTensor()));
+    } else if (a.isTensorList()) {
+      arg.kind = ArgRecord::kTensorList;
+      for (const at::Tensor& t : a.toTensorList()) arg.tensors.push_back(reference(t));
+      signature.push_back(int64_t(arg.tensors.size()));
+    } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList() &&
+               a.toListRef().size() > 0 && (a.toListRef()[0].isTensor() || a.toListRef()[0].isNone()) &&
+               op.schema().arguments()[&a - args.data()].type()->kind() == c10::TypeKind::ListType) {
+      arg.kind = ArgRecord::kOptionalTensorList;  // Tensor?[] (indices)
+      for (const auto& e : a.toListRef()) {
+        arg.none.push_back(e.isNone());
+        arg.tensors.push_back(e.isNone() ? TensorRef{} : reference(e.toTensor()));
+      }
+      signature.push_back(int64_t(arg.tensors.size()));
+    } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList() && lift(op, args, a, arg)) {
+    } else {
+      arg.constant = a;
+      sign(a);
+    }
+    for (const auto& ref : arg.tensors) sign(ref);
+    rec.args.push_back(std::move(arg));
+  }
+  // Results: a tensor on a storage the segment has not seen is a new value.
+  for (const auto& r : returns) {
+    c10::SmallVector<int32_t, 1> created;
+    auto visit = [&](const at::Tensor& t) {
+      if (!t.defined() || by_storage.count(t.storage().unsafeGetStorageImpl())) {
+        created.push_back(-1);
+        return;
+      }
+      Value v{c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
+              c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+              t.scalar_type(),
+              {t.sizes().begin(), t.sizes().end()},
+              {t.strides().begin(), t.strides().end()},
+              t.storage_offset()};
+      TensorRef ref;
+      ref.kind = TensorRef::kValue;
+      ref.index = int32_t(values.size());
+      by_storage.emplace(t.storage().unsafeGetStorageImpl(), ref);
+      created.push_back(ref.index);
+      sign_geometry(signature, v);
+      values.push_back(std::move(v));
+    };
+    if (r.isTensor()) visit(r.toTensor());
+    else if (r.isTensorList())
+      for (const at::Tensor& t : r.toTensorList()) visit(t);
+    else unsupported = "a result that is not a tensor";
+    signature.push_back(int64_t(created.size()));
+    rec.returns.push_back(std::move(created));
+  }
+  ops.push_back(std::move(rec));
+}
+
+std::vector<bool> Segment::live_values() const {
+  std::vector<bool> live(values.size());
+  for (size_t i = 0; i < values.size(); ++i) live[i] = !values[i].storage.expired();
+  return live;
+}
+
+}  // namespace torchneuron::adaptive
