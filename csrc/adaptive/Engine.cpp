@@ -86,7 +86,7 @@ Metrics& metrics() {
 void reset_metrics() {
   auto& m = metrics();
   for (auto* c : {&m.segments, &m.ops_deferred, &m.signatures, &m.hot, &m.compiled, &m.replays, &m.ops_replayed,
-                  &m.launches_saved, &m.aborted_replays, &m.failures, &m.compile_us})
+                  &m.launches_saved, &m.aborted_replays, &m.failures, &m.intermediates_elided, &m.compile_us})
     c->store(0);
   std::lock_guard<std::mutex> lock(m.mutex);
   m.op_by_op.clear();

@@ -19,7 +19,7 @@ namespace torchneuron::adaptive {
 
 struct Metrics {
   std::atomic<int64_t> segments{0}, ops_deferred{0}, signatures{0}, hot{0}, compiled{0}, replays{0},
-      ops_replayed{0}, launches_saved{0}, aborted_replays{0}, failures{0};
+      ops_replayed{0}, launches_saved{0}, aborted_replays{0}, failures{0}, intermediates_elided{0};
   std::atomic<int64_t> compile_us{0};
   // Segments that ran op by op without being looked at, by reason.
   std::mutex mutex;

@@ -185,6 +185,7 @@ bool replay(runtime::Stream& s, Segment& seg, const std::vector<bool>& live, Seg
   m.replays++;
   m.ops_replayed += int64_t(seg.ops.size());
   m.launches_saved += int64_t(seg.ops.size()) - 1;
+  for (bool l : live) m.intermediates_elided += !l;
   return true;
 }
 

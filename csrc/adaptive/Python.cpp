@@ -36,6 +36,7 @@ void bind(py::module& m) {
     d["ops_replayed"] = s.ops_replayed.load();
     d["launches_saved"] = s.launches_saved.load();
     d["aborted_replays"] = s.aborted_replays.load();
+    d["intermediates_elided"] = s.intermediates_elided.load();
     d["compile_seconds"] = double(s.compile_us.load()) / 1e6;
     py::list failed;
     for (const auto& [key, ops, reason] : failures()) {

@@ -75,7 +75,10 @@ def get_metrics() -> dict:
     recurred and were sent to compile; ``compiled``: programs loaded;
     ``replays``: occurrences run as one fused task; ``ops_per_replay``;
     ``launches_saved``: device tasks saved by replays; ``aborted_replays``:
-    occurrences that ran op by op although compiled; ``compile_seconds``:
+    occurrences that ran op by op although compiled; ``intermediates_elided``:
+    results no tensor referenced any more at a replay, which the program
+    did not write back; ``op_by_op``: segments that were not considered for
+    compilation, by reason; ``compile_seconds``:
     time the compiler process spent; ``failures``: segments that will not be
     compiled, each with its key, op count and reason.
     """

@@ -20,7 +20,6 @@ def main() -> None:
         os.nice(10)
     except OSError:
         pass
-    import torchneuron  # noqa: F401  (the neuron device)
     from torchneuron.adaptive import _engine
 
     while True:

@@ -1,0 +1,385 @@
+"""Adaptive eager: deferral and every flush trigger, recognition, compilation
+and replay, failures, metrics, and parity with eager and CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+import torchneuron
+from torchneuron import adaptive
+from torchneuron.profiler import export_parquet
+
+COMPILE_TIMEOUT = 300
+
+
+@pytest.fixture(autouse=True)
+def _fresh_mode():
+    torch.neuron.synchronize()
+    saved = adaptive.configure()
+    adaptive.reset()
+    adaptive.configure(idle_ms=60_000)  # the tests decide when segments flush
+    yield
+    adaptive.set_enabled(False)
+    torch.neuron.synchronize()
+    adaptive.configure(**saved)
+    adaptive.reset()
+
+
+def flushed() -> int:
+    return adaptive.get_metrics()["segments"]
+
+
+def chain(x):
+    return ((x * 2) + 1).relu()
+
+
+def warm(fn, *args):
+    """Runs once in plain eager: the first call of an op checks its plan and is never deferred."""
+    fn(*args)
+    torch.neuron.synchronize()
+
+
+def _capture(y):
+    graph = torch.accelerator.Graph()
+    with graph:
+        y.mul_(1)
+    return graph
+
+
+def _collective(y):
+    store = dist.HashStore()
+    dist.init_process_group("neuron", store=store, rank=0, world_size=1)
+    try:
+        dist.all_reduce(y)
+    finally:
+        dist.destroy_process_group()
+
+
+TRIGGERS = {
+    "device synchronize": lambda y: torch.neuron.synchronize(),
+    "stream synchronize": lambda y: torch.neuron.current_stream().synchronize(),
+    "stream query": lambda y: torch.neuron.current_stream().query(),
+    "item": lambda y: y[0].item(),
+    "copy to the host": lambda y: y.cpu(),
+    "data-dependent op": lambda y: torch.nonzero(y),
+    "event record": lambda y: torch.neuron.Event().record(),
+    "cross-stream wait": lambda y: torch.neuron.Stream().wait_stream(torch.neuron.current_stream()),
+    "copy from the host": lambda y: y.copy_(torch.ones(y.shape)),
+    "graph capture": _capture,
+    "collective": _collective,
+}
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS)
+def test_each_trigger_flushes_the_pending_segment_in_order(trigger):
+    x = torch.randn(64, device="neuron")
+    warm(chain, x)
+    warm(lambda t: t.mul_(1), x.clone())
+    before = flushed()
+    with adaptive.enabled():
+        y = chain(x)
+        assert flushed() == before, "the ops ran before anything observed them"
+        TRIGGERS[trigger](y)
+        assert flushed() == before + 1
+    if trigger not in ("copy from the host",):
+        torch.testing.assert_close(y.cpu(), chain(x.cpu()))
+
+
+def test_a_segment_flushes_at_the_size_limit():
+    x = torch.randn(64, device="neuron")
+    warm(chain, x)
+    adaptive.configure(max_ops=5)
+    before = flushed()
+    with adaptive.enabled():
+        y = chain(x)  # 3 ops
+        assert flushed() == before
+        y = chain(y)  # 6: the fifth op flushes
+        assert flushed() == before + 1
+        assert adaptive.get_metrics()["ops_deferred"] == 5
+    torch.testing.assert_close(y.cpu(), chain(chain(x.cpu())))
+
+
+def test_a_segment_flushes_when_the_host_stops_issuing_work():
+    x = torch.randn(64, device="neuron")
+    warm(chain, x)
+    adaptive.configure(idle_ms=20)
+    before = flushed()
+    with adaptive.enabled():
+        y = chain(x)
+        deadline = time.monotonic() + 10
+        while flushed() == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert flushed() == before + 1
+        assert adaptive.get_metrics()["op_by_op"].get("flushed where Python cannot run (idle flush)") == 1
+    torch.testing.assert_close(y.cpu(), chain(x.cpu()))
+
+
+def test_switching_the_mode_on_and_off_mid_run_keeps_results_and_order():
+    x = torch.randn(32, 32, device="neuron")
+    w = torch.randn(32, 32, device="neuron")
+    xc, wc = x.cpu(), w.cpu()
+    warm(lambda: (x @ w).tanh().add_(x))
+    for step in range(8):
+        adaptive.set_enabled(step % 2 == 0)
+        x = (x @ w).tanh().add_(x)
+        xc = (xc @ wc).tanh().add_(xc)
+    adaptive.set_enabled(False)
+    torch.testing.assert_close(x.cpu(), xc, rtol=1e-4, atol=1e-5)
+    assert adaptive.get_metrics()["ops_deferred"] == 12  # 3 ops in each of the 4 steps with the mode on
+
+
+def test_streams_and_events_order_deferred_work_across_streams():
+    x = torch.randn(256, device="neuron")
+    warm(lambda: (x * 2, x + 1, x * 3))
+    side = torch.neuron.Stream()
+    main = torch.neuron.current_stream()
+    with adaptive.enabled():
+        a = x * 2
+        side.wait_stream(main)
+        with torch.neuron.stream(side):
+            b = a + 1
+            done = torch.neuron.Event()
+            done.record()
+        main.wait_event(done)
+        c = b * 3
+        assert torch.equal(c.cpu(), (x.cpu() * 2 + 1) * 3)
+        assert done.query()
+
+
+def test_graph_capture_with_the_mode_on_records_eager_tasks():
+    x = torch.randn(16, 16, device="neuron")
+    y = torch.zeros(16, 16, device="neuron")
+    warm(lambda: y.copy_((x @ x).relu() + 1))
+    with adaptive.enabled():
+        z = x * 2  # deferred, then flushed by the capture
+        graph = torch.accelerator.Graph()
+        with graph:
+            y.copy_((x @ x).relu() + 1)
+        for _ in range(2):
+            x.copy_(torch.randn(16, 16))
+            graph.replay()
+            torch.testing.assert_close(y.cpu(), (x.cpu() @ x.cpu()).relu() + 1)
+    assert z.shape == x.shape
+
+
+def test_deterministic_algorithms_turn_the_mode_off():
+    x = torch.randn(64, device="neuron")
+    warm(chain, x)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with adaptive.enabled():
+            chain(x)
+            torch.neuron.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert adaptive.get_metrics()["ops_deferred"] == 0
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=COMPILE_TIMEOUT, env={**os.environ, **env})
+
+
+def test_the_environment_variable_turns_it_on_and_launch_blocking_keeps_it_off():
+    code = """
+        import torch, torchneuron
+        from torchneuron import adaptive
+        x = torch.randn(8, device="neuron"); (x * 2).sum(); torch.neuron.synchronize()
+        (x * 2).sum(); torch.neuron.synchronize()
+        print(adaptive.is_enabled(), adaptive.get_metrics()["ops_deferred"])
+    """
+    on = _run(code, TORCHNEURON_ADAPTIVE_EAGER="1")
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.split() == ["True", "2"]
+    blocking = _run(code, TORCHNEURON_ADAPTIVE_EAGER="1", NEURON_LAUNCH_BLOCKING="1")
+    assert blocking.returncode == 0, blocking.stderr
+    assert blocking.stdout.split() == ["True", "0"]
+
+
+# ---- recognition, compilation, replay ---------------------------------------------------
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 4))
+
+
+def _train(device: str, steps: int, adaptive_on: bool):
+    model = _mlp().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, generator=gen).to(device)
+    y = torch.randint(0, 4, (8,), generator=gen).to(device)
+    losses = []
+    with adaptive.enabled(adaptive_on):
+        for step in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if adaptive_on and step == 2:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+    if device == "neuron":
+        torch.neuron.synchronize()
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_fifty_training_steps_match_eager_and_cpu_and_replay_as_one_task():
+    cpu_losses, cpu_params = _train("cpu", 50, False)
+    eager_losses, eager_params = _train("neuron", 50, False)
+    eager_memory = torch.neuron.memory_allocated()
+    losses, params = _train("neuron", 50, True)
+    m = adaptive.get_metrics()
+    assert m["failures"] == [], m["failures"]
+    assert m["compiled"] >= 1 and m["replays"] >= 45, m
+    assert m["ops_per_replay"] > 20 and m["launches_saved"] >= 45 * 20
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-4, atol=1e-5)
+    for p, e, c in zip(params, eager_params, cpu_params):
+        torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p, c, rtol=1e-4, atol=1e-5)
+    assert torch.neuron.memory_allocated() == eager_memory
+
+
+def _hot(fn, *args, times: int = 4):
+    """Runs fn until its segment is compiled and replayed."""
+    warm(fn, *args)
+    with adaptive.enabled():
+        for i in range(times):
+            out = fn(*args)
+            torch.neuron.synchronize()
+            if i == 1:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+    assert adaptive.get_metrics()["replays"] >= 1, adaptive.get_metrics()
+    return out
+
+
+def test_intermediates_nothing_references_are_not_written_and_live_ones_are():
+    x = torch.randn(128, device="neuron")
+
+    def step(x, keep: list):
+        t = x.sin()
+        u = t * 3
+        keep.append(u)  # live: written back
+        return (u + t).cos()  # t dies with this frame
+
+    kept: list = []
+    out = _hot(step, x, kept)
+    assert adaptive.get_metrics()["intermediates_elided"] >= 2  # t and u + t, per replay
+    xc = x.cpu()
+    torch.testing.assert_close(kept[-1].cpu(), xc.sin() * 3)
+    torch.testing.assert_close(out.cpu(), (xc.sin() * 3 + xc.sin()).cos())
+
+
+def test_an_error_inside_a_fused_program_is_reported_as_eager_reports_it():
+    table = torch.randn(10, 4, device="neuron")
+
+    def lookup(idx):
+        return (torch.index_select(table * 2, 0, idx) + 1).sum(0)
+
+    good = torch.tensor([1, 2, 3], device="neuron")
+    _hot(lookup, good)
+    bad = torch.tensor([1, 12, 3], device="neuron")
+    replays = adaptive.get_metrics()["replays"]
+    with adaptive.enabled():
+        out = lookup(bad)  # kept, as in _hot: which results are live is part of a segment's structure
+        with pytest.raises(IndexError) as fused:
+            torch.neuron.synchronize()
+    assert adaptive.get_metrics()["replays"] == replays + 1  # it ran as the fused program
+    del out
+    lookup(bad)
+    with pytest.raises(IndexError) as eager:
+        torch.neuron.synchronize()
+    assert str(fused.value) == str(eager.value)
+    assert "aten::index_select" in str(fused.value)
+    # The device goes on computing.
+    torch.testing.assert_close(lookup(good).cpu(), (torch.index_select(table.cpu() * 2, 0, good.cpu()) + 1).sum(0))
+
+
+def test_a_segment_that_cannot_be_compiled_runs_op_by_op_with_its_reason():
+    x = torch.randn(16, device="neuron")
+
+    def reinterpret(x):
+        y = x * 2
+        return y.view(torch.int32) + 1  # a view of a result as another dtype
+
+    warm(reinterpret, x)
+    with adaptive.enabled():
+        for _ in range(3):
+            out = reinterpret(x)
+            torch.neuron.synchronize()
+    m = adaptive.get_metrics()
+    assert m["replays"] == 0
+    assert len(m["failures"]) == 1 and "view" in m["failures"][0]["reason"], m["failures"]
+    assert torch.equal(out.cpu(), (x.cpu() * 2).view(torch.int32) + 1)
+
+
+def test_the_profiler_shows_a_fused_task_with_the_ops_it_replaced(tmp_path):
+    x = torch.randn(256, device="neuron")
+
+    def step(x):
+        return (x * 2 + 1).tanh()
+
+    _hot(step, x)
+    with adaptive.enabled(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        out = step(x)
+        torch.neuron.synchronize()
+    export_parquet(prof, tmp_path)
+    tasks = pq.read_table(tmp_path / "tasks.parquet").to_pylist()
+    fused = [t for t in tasks if t["kind"] == "fused"]
+    assert len(fused) == 1, [(t["name"], t["kind"]) for t in tasks]
+    assert fused[0]["replaced_ops"] == "aten::mul.Tensor, aten::add.Tensor, aten::tanh"
+    torch.testing.assert_close(out.cpu(), (x.cpu() * 2 + 1).tanh())
+
+
+def test_a_second_process_loads_compiled_segments_from_disk(tmp_path):
+    code = """
+        import json, torch, torchneuron
+        from torch._dynamo.utils import counters
+        from torchneuron import adaptive
+        x = torch.randn(32, device="neuron")
+        step = lambda: (x.exp() - 1).mul(x).sum()
+        step(); torch.neuron.synchronize()
+        with adaptive.enabled():
+            for i in range(4):
+                out = step(); torch.neuron.synchronize()
+                if i == 1:
+                    adaptive.wait_for_compiles(300)
+        m = adaptive.get_metrics()
+        print(json.dumps({"replays": m["replays"], "compile_seconds": m["compile_seconds"],
+                          "cache_hits": counters["inductor"]["fxgraph_cache_hit"], "failures": m["failures"]}))
+    """
+    env = {"TORCHNEURON_ADAPTIVE_CACHE_DIR": str(tmp_path)}
+    first = _run(code, **env)
+    assert first.returncode == 0, first.stderr
+    first = json.loads(first.stdout.splitlines()[-1])
+    assert first["failures"] == [] and first["compile_seconds"] > 0 and first["replays"] >= 1
+    second = _run(code, **env)
+    assert second.returncode == 0, second.stderr
+    second = json.loads(second.stdout.splitlines()[-1])
+    # Nothing compiled: the index said it was, and Inductor's cache had the program.
+    assert second["compile_seconds"] == 0 and second["cache_hits"] >= 1 and second["replays"] >= 2, second
+
+
+def test_metrics_and_configuration_are_checked():
+    with pytest.raises(RuntimeError, match="hot and max_ops must be at least 1"):
+        adaptive.configure(hot=0)
+    assert torchneuron.get_adaptive_metrics().keys() >= {
+        "segments", "distinct_segments", "hot", "compiled", "replays", "ops_per_replay", "launches_saved",
+        "compile_seconds", "failures"}
+    with torchneuron.adaptive_eager():
+        assert adaptive.is_enabled()
+    assert not adaptive.is_enabled()
