@@ -132,7 +132,7 @@ bool replay(runtime::Stream& s, Segment& seg, const std::vector<bool>& live, Seg
   {
     py::gil_scoped_acquire gil;
     py::list tensors;
-    for (const auto& t : seg.inputs) tensors.append(t);
+    for (const auto& t : seg.inputs) tensors.append(alias(t));
     t_collector = &collector;
     try {
       // Uploaded as part of the fused task (the copies are collected).

@@ -10,6 +10,7 @@
 
 #include <optional>
 
+#include "../adaptive/Adaptive.h"
 #include "../backend/Current.h"
 #include "Launcher.h"
 
@@ -28,9 +29,18 @@ void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
   c10::DeviceIndex from = src.device().index(), to = dst.device().index();
   auto src_view = host_view(src), dst_view = host_view(dst);
   if (from == to) {
-    enqueue(
-        to, "copy_ (device to device)", [src_view, dst_view]() mutable { dst_view.copy_(src_view); },
-        copy_facts(dst));
+    constexpr std::string_view what = "copy_ (device to device)";
+    auto body = [src_view, dst_view]() mutable { dst_view.copy_(src_view); };
+    c10::Stream current = backend::current_stream(to);
+    auto& stream = backend::runtime_stream(current);
+    if (adaptive::should_defer(stream, false)) {  // a copy_ op of the pending segment
+      static const auto& copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+      c10::IValue args[] = {dst, src, false}, returns[] = {dst};
+      adaptive::defer(stream, to, copy_op, "aten::copy_", args, returns, detail::as_task(what, current, body),
+                      detail::task_record(stream, what, current, copy_facts(dst)));
+      return;
+    }
+    enqueue(to, what, std::move(body), copy_facts(dst));
     return;
   }
   // Peer copy on the destination's stream, after the source's pending

@@ -112,7 +112,7 @@ class Engine:
 
     def submit(self, desc: dict) -> tuple[str, str, str]:
         """A segment turned hot: (key, "ready" | "compiling" | "failed", reason)."""
-        key = _graph.key_of(desc)
+        key = _graph.key_of(desc, (torch.__version__, sorted(INDUCTOR_CONFIG.items())))
         entry = read_index(key)
         if entry is not None:
             return (key, "ready", "") if entry["ok"] else (key, "failed", entry["reason"])

@@ -40,9 +40,10 @@ class Unsupported(Exception):
     """The segment cannot become a graph (the reason is the message)."""
 
 
-def key_of(desc: dict) -> str:
-    """A stable name for the segment's structure, the same in every process."""
-    parts = (desc["inputs"], desc["lifted"], desc["values"], desc["live"], desc["ops"])
+def key_of(desc: dict, settings) -> str:
+    """A stable name for the segment's structure and the compiler `settings`,
+    the same in every process."""
+    parts = (desc["inputs"], desc["lifted"], desc["values"], desc["live"], desc["ops"], settings)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
