@@ -21,6 +21,12 @@ bool same_geometry(const at::Tensor& t, c10::ScalarType dtype, c10::IntArrayRef 
          t.storage_offset() == offset;
 }
 
+struct Layout {
+  c10::ScalarType dtype;
+  c10::IntArrayRef sizes, strides;
+  int64_t offset;
+};
+
 template <typename Geometry>
 void sign_geometry(std::vector<int64_t>& sig, const Geometry& g) {
   sig.push_back(int64_t(g.dtype));
@@ -41,10 +47,6 @@ TensorRef Segment::reference(const at::Tensor& t) {
   }
   if (t.is_conj() || t.is_neg()) unsupported = "a conjugate or negative view";
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  ref.dtype = t.scalar_type();
-  ref.sizes.assign(t.sizes().begin(), t.sizes().end());
-  ref.strides.assign(t.strides().begin(), t.strides().end());
-  ref.offset = t.storage_offset();
   auto it = by_storage.find(storage);
   if (it == by_storage.end()) {
     ref.kind = TensorRef::kInput;
@@ -54,18 +56,23 @@ TensorRef Segment::reference(const at::Tensor& t) {
     signature.push_back(-1);  // a new input and its layout
     signature.push_back(t.device().index());
     signature.push_back(int64_t(t.storage().nbytes()));
-    sign_geometry(signature, ref);
+    sign_geometry(signature, Layout{t.scalar_type(), t.sizes(), t.strides(), t.storage_offset()});
     return ref;
   }
   ref.kind = it->second.kind;
   ref.index = it->second.index;
-  const at::Tensor* base = ref.kind == TensorRef::kInput ? &inputs[ref.index] : nullptr;
-  if (base) {
-    ref.is_view = !same_geometry(*base, ref.dtype, ref.sizes, ref.strides, ref.offset);
+  if (ref.kind == TensorRef::kInput) {
+    const at::Tensor& base = inputs[ref.index];
+    ref.is_view = !same_geometry(t, base.scalar_type(), base.sizes(), base.strides(), base.storage_offset());
   } else {
     const Value& v = values[ref.index];
-    ref.is_view = !(v.dtype == ref.dtype && c10::IntArrayRef(v.sizes).equals(ref.sizes) &&
-                    c10::IntArrayRef(v.strides).equals(ref.strides) && v.offset == ref.offset);
+    ref.is_view = !same_geometry(t, v.dtype, v.sizes, v.strides, v.offset);
+  }
+  if (ref.is_view) {  // only views carry their layout
+    ref.dtype = t.scalar_type();
+    ref.sizes.assign(t.sizes().begin(), t.sizes().end());
+    ref.strides.assign(t.strides().begin(), t.strides().end());
+    ref.offset = t.storage_offset();
   }
   return ref;
 }

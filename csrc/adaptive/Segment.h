@@ -32,7 +32,7 @@ struct TensorRef {
   enum Kind : uint8_t { kUndefined, kInput, kValue } kind = kUndefined;
   int32_t index = -1;  // into Segment::inputs or Segment::values
   // Set when the argument is laid out differently from the input or value
-  // it views (an as_strided of it).
+  // it views (an as_strided of it); only then is the layout below filled.
   bool is_view = false;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::SmallVector<int64_t, 5> sizes, strides;
