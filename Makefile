@@ -47,6 +47,7 @@ bench: build
 	$(PY) benchmarks/nki.py
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/profiler.py
+	$(PY) benchmarks/adaptive.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

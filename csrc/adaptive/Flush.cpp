@@ -13,6 +13,7 @@
 #include <ATen/Context.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -85,8 +86,9 @@ bool python_usable() {
 void idle_flusher_loop() {
   t_idle_flusher = true;
   for (;;) {
+    // Re-reads the setting every few ms, so a shorter timeout applies at once.
     const int64_t idle_ns = settings().idle_ns.load(std::memory_order_relaxed);
-    std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(idle_ns / 2, 100000)));
+    std::this_thread::sleep_for(std::chrono::nanoseconds(std::clamp<int64_t>(idle_ns / 2, 100000, 5000000)));
     std::vector<Pending*> all;
     {
       std::lock_guard<std::mutex> lock(g_pending_mutex);
