@@ -122,7 +122,7 @@ def test_a_segment_flushes_when_the_host_stops_issuing_work():
         while flushed() == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert flushed() == before + 1
-        assert adaptive.get_metrics()["op_by_op"].get("flushed where Python cannot run (idle flush)") == 1
+        assert adaptive.get_metrics()["op_by_op"].get("flushed where no program may run (idle flush, under a lock)") == 1
     torch.testing.assert_close(y.cpu(), chain(x.cpu()))
 
 
@@ -386,3 +386,22 @@ def test_metrics_and_configuration_are_checked():
     with torchneuron.adaptive_eager():
         assert adaptive.is_enabled()
     assert not adaptive.is_enabled()
+
+
+def test_freeing_a_tensor_used_on_a_stream_with_a_compiled_segment_pending_does_not_deadlock():
+    # The free records an event on the side stream under the allocator's lock, which
+    # flushes the side stream's segment: op by op there, never its compiled program
+    # (which allocates, and would need that lock).
+    side = torch.neuron.Stream()
+    x = torch.randn(512, device="neuron")
+    other = torch.randn(512, device="neuron")  # allocated on the default stream
+    other.record_stream(side)
+    with torch.neuron.stream(side):
+        _hot(chain, x)
+        replays = adaptive.get_metrics()["replays"]
+        with adaptive.enabled():
+            out = chain(x)  # the compiled segment, pending on the side stream
+            del other  # records the event on the side stream, under the allocator's lock
+            assert adaptive.get_metrics()["replays"] == replays  # that occurrence ran op by op
+            side.synchronize()
+    torch.testing.assert_close(out.cpu(), chain(x.cpu()))

@@ -37,6 +37,17 @@ void set_enabled(bool on);
 // fused program forbids it.
 bool should_defer(const runtime::Stream& stream, bool random_op);
 
+// While one lives, flushes on this thread run segments op by op, never a
+// compiled program: for callers holding a lock the program could need (the
+// allocator's, when a free records an event on another stream).
+class OpByOpFlushes {
+ public:
+  OpByOpFlushes();
+  ~OpByOpFlushes();
+  OpByOpFlushes(const OpByOpFlushes&) = delete;
+  OpByOpFlushes& operator=(const OpByOpFlushes&) = delete;
+};
+
 // Appends a launched op to the pending segment of `stream`. `returns` are
 // its results, as the launcher returns them.
 void defer(runtime::Stream& stream, c10::DeviceIndex device, const c10::OperatorHandle& op, std::string_view name,

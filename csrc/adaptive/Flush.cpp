@@ -74,10 +74,11 @@ Pending& pending_of(runtime::Stream& s) {
 }
 
 thread_local bool t_idle_flusher = false;
+thread_local int t_op_by_op = 0;  // OpByOpFlushes scopes
 thread_local const runtime::Stream* t_flushing = nullptr;
 
 bool python_usable() {
-  return engine_ready() && !t_idle_flusher && !runtime::on_worker_thread() && Py_IsInitialized() &&
+  return engine_ready() && !t_idle_flusher && t_op_by_op == 0 && !runtime::on_worker_thread() && Py_IsInitialized() &&
          !_Py_IsFinalizing();
 }
 
@@ -196,7 +197,7 @@ void run(runtime::Stream& s, Segment& seg) {
   m.segments++;
   m.ops_deferred += int64_t(seg.ops.size());
   std::string_view why = !seg.unsupported.empty() ? seg.unsupported
-                         : !python_usable()       ? std::string_view("flushed where Python cannot run (idle flush)")
+                         : !python_usable()       ? std::string_view("flushed where no program may run (idle flush, under a lock)")
                          : seg.ops.size() < 2     ? std::string_view("a single op")
                                                   : std::string_view();
   if (!why.empty()) {
@@ -251,6 +252,9 @@ Settings& settings() {
 }
 
 std::atomic<bool> g_enabled{env_flag("TORCHNEURON_ADAPTIVE_EAGER")};
+
+OpByOpFlushes::OpByOpFlushes() { ++t_op_by_op; }
+OpByOpFlushes::~OpByOpFlushes() { --t_op_by_op; }
 
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 

@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include "Current.h"
+#include "../adaptive/Adaptive.h"
 #include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
@@ -187,7 +188,10 @@ class DeviceCache {
     // Frees run on any thread (often a stream worker): no source line.
     if (profiler::recording()) record(block, -int64_t(block->size), {});
     if (!block->stream_uses.empty()) {
-      // Other streams may still use the memory: reuse waits for them.
+      // Other streams may still use the memory: reuse waits for them. The
+      // records flush deferred work, which must not run a compiled program
+      // here: it would allocate under this lock.
+      adaptive::OpByOpFlushes op_by_op;
       for (int s : block->stream_uses) {
         block->pending.emplace_back();
         block->pending.back().record(runtime::get_stream(device_, s));

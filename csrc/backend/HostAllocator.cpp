@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "Current.h"
+#include "../adaptive/Adaptive.h"
 
 namespace torchneuron::backend {
 
@@ -61,6 +62,7 @@ class PinnedAllocator final : public at::HostAllocator {
     auto* block = lookup_locked(ptr);
     if (!block) return false;
     block->events.emplace_back();
+    adaptive::OpByOpFlushes op_by_op;  // the record may flush: no compiled program under this lock
     block->events.back().record(runtime_stream(stream));
     return true;
   }
