@@ -1097,3 +1097,34 @@ def test_new_scalar_values_reuse_the_output_plan_of_pointwise_and_foreach_ops():
     # A value that does change the shape is still planned per value.
     assert torch.arange(0.0, 2.5, 0.5, device="neuron").shape == (5,)
     assert torch.arange(0.0, 2.5, 0.25, device="neuron").shape == (10,)
+
+
+def test_module_to_keeps_parameters_and_weight_tying():
+    """``Module.to`` keeps each Parameter object (``param.data = moved``), as
+    it does for CUDA: shared weights stay shared, on the way there and back."""
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    param = emb.weight
+    model.to(DEV)
+    assert emb.weight is param and head.weight is emb.weight and param.device.type == DEV
+    model(torch.tensor([[1, 2]], device=DEV)).sum().backward()
+    ref = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    ref[0].weight = torch.nn.Parameter(param.detach().cpu())
+    ref[1].weight = ref[0].weight
+    ref(torch.tensor([[1, 2]])).sum().backward()
+    torch.testing.assert_close(param.grad.cpu(), ref[0].weight.grad)
+    model.cpu()
+    assert emb.weight is param and head.weight is param and param.device.type == "cpu"
+    assert param.grad.device.type == "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.float32])
+def test_histc_of_integers_counts_like_cuda(dtype):
+    """CUDA's histc takes integers (MoE routers count tokens per expert with
+    it) and returns the input's dtype; the CPU kernel rejects them."""
+    values = torch.tensor([0, 1, 1, 3, 7, 3, 3, 9], dtype=dtype)
+    got = torch.histc(values.to(DEV), bins=4, min=0, max=4)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.cpu(), torch.histc(values.double(), bins=4, min=0, max=4).to(dtype))

@@ -148,7 +148,20 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 
 }  // namespace
 
+// `param.data = other` (Module.to and Module._apply use it) keeps the Parameter
+// object, and so weight tying, only when this says the two tensors are
+// compatible. c10 answers yes for dense CPU and CUDA tensors and leaves
+// PrivateUse1 to the backend: without this, model.to("neuron") replaced every
+// Parameter and untied shared weights (an LM head tied to its embedding).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_host_or_neuron = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && !t.is_quantized() && (t.is_cpu() || t.device().type() == kNeuron);
+  };
+  return self.key_set() == from.key_set() || (dense_host_or_neuron(self) && dense_host_or_neuron(from));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("resize_", resize_);
