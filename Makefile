@@ -16,6 +16,8 @@ $(VENV)/bin/python:
 	# expecttest: torch.testing._internal (the conformance harness) imports it.
 	# pyarrow: the profiler's Parquet export (the extra torchneuron[profiler]).
 	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest pyarrow
+	# The extra torchneuron[hf]: the model zoo tests (tests/models) and examples/hf.
+	$(PY) -m pip install "transformers>=5.23,<6" "accelerate>=1.15" "diffusers>=0.42"
 
 env: $(VENV)/bin/python
 

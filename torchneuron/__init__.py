@@ -15,6 +15,7 @@ from torchneuron import _rnn_cells  # noqa: F401  (the fused LSTM/GRU cells PyTo
 from torchneuron import adaptive  # noqa: F401  (adaptive eager's compile engine)
 from torchneuron import distributed as _distributed  # noqa: F401  (the "neuron" c10d backend)
 from torchneuron import neuron as _neuron_module
+from torchneuron import _torch_neuronx_name
 from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_ops
 
 __all__ = [
@@ -68,6 +69,7 @@ def _register() -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
+    _torch_neuronx_name.provide()
 
 
 _register()
