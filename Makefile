@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BUILD_STAMP := $(VENV)/.torchneuron-built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: env build demo test test-distributed test-slow bench conformance info clean
+.PHONY: env build demo test test-distributed test-slow model-coverage bench conformance info clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test-distributed: build
 test-slow: build
 	$(PY) -m pytest -q -m slow
 
+# The Hugging Face model zoo, default and compiled tiers, writing its table.
+model-coverage: build
+	TORCHNEURON_MODEL_COVERAGE=docs/model_coverage.md $(PY) -m pytest -q -m "not distributed" tests/models
+
 bench: build
 	$(PY) benchmarks/launch_overhead.py
 	$(PY) benchmarks/train_step.py
@@ -50,6 +54,7 @@ bench: build
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/profiler.py
 	$(PY) benchmarks/adaptive.py
+	$(PY) benchmarks/hf.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

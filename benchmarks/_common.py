@@ -12,14 +12,21 @@ def interleaved(candidate: Callable[[], float], baseline: Callable[[], float], r
                 warmup: int = 2) -> tuple[float, float]:
     """Runs both measurements alternately (the machine is shared and noisy) and
     returns their medians. Each callable returns one measurement."""
+    medians = interleaved_all({"candidate": candidate, "baseline": baseline}, rounds, warmup)
+    return medians["candidate"], medians["baseline"]
+
+
+def interleaved_all(measurements: dict[str, Callable[[], float]], rounds: int = 7,
+                    warmup: int = 2) -> dict[str, float]:
+    """`interleaved` for any number of measurements: name -> median."""
     for _ in range(warmup):
-        candidate()
-        baseline()
-    cand, base = [], []
+        for measure in measurements.values():
+            measure()
+    samples = {name: [] for name in measurements}
     for _ in range(rounds):
-        cand.append(candidate())
-        base.append(baseline())
-    return statistics.median(cand), statistics.median(base)
+        for name, measure in measurements.items():
+            samples[name].append(measure())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def report(bench: str, case: str, metric: str, value: float, baseline: str, baseline_value: float,

@@ -1118,6 +1118,8 @@ def test_module_to_keeps_parameters_and_weight_tying():
     model.cpu()
     assert emb.weight is param and head.weight is param and param.device.type == "cpu"
     assert param.grad.device.type == "cpu"
+    param.data = param.data.to(DEV)               # what fully_shard does to host parameters
+    assert param.device.type == DEV and head.weight is param
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.float32])

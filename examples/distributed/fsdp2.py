@@ -43,10 +43,7 @@ def run_phase(name, device, mesh, steps, tol=None, **fsdp_kwargs) -> Parity:
     model = mlp()
     ref = copy.deepcopy(model)
     # Move to the device first, also with CPU offload (which then moves the shards
-    # back to the host): fully_shard would otherwise move host parameters itself with
-    # `param.data = param.to(device)`, and stock PyTorch refuses that set_data between
-    # CPU and a PrivateUse1 device ("incompatible tensor type"). Module.to() replaces
-    # the parameters instead.
+    # back to the host); fully_shard would also move host parameters by itself.
     model.to(device)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):

@@ -20,10 +20,8 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
-def _host_round_trips(request):
+def _clear_op_tracking():
     torchneuron.clear_op_tracking()
-    yield
-    request.node.host_round_trips = torchneuron.get_fallback_ops()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -35,9 +33,20 @@ def pytest_runtest_makereport(item, call):
         return report
     # A failure in setup or teardown fails the cell too; a pass needs the call.
     if report.when == "call" or report.failed:
+        round_trips = _host_round_trips() if report.when == "call" else {}
         coverage_report.record(family.name, marker.args[0], report.passed and report.when == "call",
-                               getattr(item, "host_round_trips", {}) or {}, item.nodeid)
+                               round_trips, item.nodeid)
     return report
+
+
+def _host_round_trips() -> dict:
+    """Ops computed on the host (data-dependent shapes) and scalar reads
+    (``.item()``, ``if tensor:``), each of which waits for the device."""
+    trips = torchneuron.get_fallback_ops()
+    reads = torchneuron.get_executed_ops().get("aten::_local_scalar_dense")
+    if reads:
+        trips["aten::_local_scalar_dense"] = reads
+    return trips
 
 
 def pytest_sessionfinish(session):

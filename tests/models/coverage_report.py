@@ -52,17 +52,22 @@ def render() -> str:
         "",
         "- **forward**: outputs equal CPU's; **backward**: every parameter's gradient equals CPU's;",
         "- **train**: three AdamW steps give CPU's losses and final parameters;",
-        "- **generate**: greedy `generate()` gives CPU's tokens, with a dynamic and a static KV cache",
-        "  (causal LMs; `n/a` elsewhere);",
+        "- **generate**: greedy `generate()` gives CPU's tokens: causal LMs with a dynamic and a static",
+        "  KV cache (and, for llama, the static cache that `generate()` compiles by itself on neuron),",
+        "  T5 and Whisper as encoder-decoders; for the diffusion UNet, a three-step DDIM sampling loop",
+        "  ends at CPU's image;",
         "- **compiled**: forward and backward under `torch.compile(backend=\"neuron\")` equal eager,",
-        "  with graph breaks and recompiles listed below (`n/a`: not in the compiled tier).",
+        "  with graph breaks and recompiles listed below (`n/a`: not in the compiled tier);",
+        "- **host round trips**: over all of the family's tests, ops computed on the host because their",
+        "  output shape depends on data, and scalar reads (`aten::_local_scalar_dense`: `.item()`, `if t:`;",
+        "  `generate()` reads one per token to decide whether to stop). Each waits for the device.",
         "",
         "| family | kind | " + " | ".join(COLUMNS) + " | host round trips |",
         "|---|---|" + "---|" * len(COLUMNS) + "---|",
     ]
     notes = []
     for name, family in FAMILIES.items():
-        row = [name, ", ".join(family.tags) or ("causal LM" if family.causal_lm else "")]
+        row = [name, ", ".join((("causal LM",) if family.causal_lm else ()) + family.tags)]
         trips = {}
         for column in COLUMNS:
             applies = (column != "generate" or family.causal_lm) and (column != "compiled" or family.compiled)

@@ -1,6 +1,8 @@
 """The decoder LMs and ViT under ``torch.compile(backend="neuron")``: forward
-and backward equal eager on neuron, a second batch reuses the graph, and the
-graph breaks and recompiles are listed in the coverage report.
+and backward equal eager on neuron, later batches reuse the graphs, and the
+graph breaks and recompiles are listed in the coverage report. (A recompile
+on the second batch can be the model's own doing: a classification loss sets
+``config.problem_type`` on its first call, which a guard sees.)
 
 Slow tier (``make test-slow``): each model compiles for 30–60 s on 2 cores.
 """
@@ -27,7 +29,9 @@ def test_compiled_forward_and_backward_match_eager(family):
     eager, model = family.build().to(DEV).eval(), family.build().to(DEV).eval()
     compiled = torch.compile(model, backend="neuron")
     torch.manual_seed(1)
-    for step in range(2):                     # the second batch must reuse the graph
+    for step in range(3):
+        if step == 2:                          # the third batch must reuse what is compiled
+            settled = torchneuron.get_dynamo_metrics()["recompiles"]
         batch = to_device(family.batch(), DEV)
         for m in (eager, model):
             m.zero_grad()
@@ -35,18 +39,21 @@ def test_compiled_forward_and_backward_match_eager(family):
         want.backward()
         got = family.training_loss(compiled, batch)
         got.backward()
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        # Compared on the host: reads on the device would count as the model's round trips.
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-4, atol=1e-5)
         for (name, p_eager), p in zip(eager.named_parameters(), model.parameters()):
             if p_eager.grad is not None:
-                torch.testing.assert_close(p.grad, p_eager.grad, rtol=1e-4, atol=1e-5,
+                torch.testing.assert_close(p.grad.cpu(), p_eager.grad.cpu(), rtol=1e-4, atol=1e-5,
                                            msg=lambda m: f"step {step}, {name}.grad: {m}")
     metrics = torchneuron.get_dynamo_metrics()
-    breaks = ", ".join(f"{reason} ×{n}" for reason, n in metrics["graph_break_reasons"].items()) or "none"
-    recompiles = "; ".join(str(r) for r in metrics["recompile_reasons"]) or "none"
+    breaks = ", ".join(f"{reason.strip().splitlines()[0]} ×{n}"
+                       for reason, n in metrics["graph_break_reasons"].items()) or "none"
+    recompiles = "; ".join(f"{r['reason'].strip().splitlines()[-1].strip()}" for r in metrics["recompile_reasons"])
     coverage_report.note(family.name, "compiled",
-                         f"{metrics['compiled_graphs']} graph(s); graph breaks: {breaks}; recompiles: {recompiles}")
+                         f"{metrics['compiled_graphs']} graph(s); graph breaks: {breaks}; "
+                         f"recompiles: {metrics['recompiles']}{' (' + recompiles + ')' if recompiles else ''}")
     assert metrics["compiled_graphs"] >= 1 and metrics["fallbacks"] == 0, metrics["fallback_reasons"]
-    assert metrics["recompiles"] == 0, metrics["recompile_reasons"]
+    assert metrics["recompiles"] == settled, metrics["recompile_reasons"]
 
 
 @pytest.mark.parametrize("family", [FAMILIES["llama"]], ids=["llama"])

@@ -232,7 +232,7 @@ FAMILIES = {f.name: f for f in [
     Family("gemma", _gemma, _lm_batch, causal_lm=True, compiled=True),
     Family("phi", _phi, _lm_batch, causal_lm=True, compiled=True),
     Family("gpt2", _gpt2, _lm_batch, causal_lm=True, compiled=True),
-    Family("bert", _bert, _bert_batch),
+    Family("bert", _bert, _bert_batch, tags=("masked LM",)),
     Family("t5", _t5, _t5_batch, tags=("encoder-decoder",)),
     Family("vit", _vit, _vit_batch, compiled=True, tags=("vision",)),
     Family("clip", _clip, _clip_batch, tags=("multimodal",)),
