@@ -312,6 +312,34 @@ def test_an_error_inside_a_fused_program_is_reported_as_eager_reports_it():
     torch.testing.assert_close(lookup(good).cpu(), (torch.index_select(table.cpu() * 2, 0, good.cpu()) + 1).sum(0))
 
 
+def test_a_program_that_launches_a_synchronous_op_runs_that_occurrence_op_by_op(monkeypatch):
+    """A fused program cannot take a synchronous op into its one task (the op
+    would wait for that task): the occurrence is aborted and runs op by op,
+    counted as aborted and not as a failure."""
+    real_load = adaptive._ENGINE.load
+
+    def load(key, desc):
+        program = real_load(key, desc)
+
+        def synchronising(tensors):
+            torch.nonzero(tensors[0])  # data-dependent: runs synchronously
+            return program(tensors)
+        return synchronising
+
+    monkeypatch.setattr(adaptive._ENGINE, "load", load)
+    x = torch.randn(64, device="neuron")
+    warm(chain, x)
+    with adaptive.enabled():
+        for i in range(5):
+            out = chain(x)
+            torch.neuron.synchronize()
+            if i == 1:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+    m = adaptive.get_metrics()
+    assert m["replays"] == 0 and m["aborted_replays"] >= 1 and m["failures"] == [], m
+    torch.testing.assert_close(out.cpu(), chain(x.cpu()))
+
+
 def test_a_segment_that_cannot_be_compiled_runs_op_by_op_with_its_reason():
     x = torch.randn(16, device="neuron")
 
@@ -348,6 +376,7 @@ def test_the_profiler_shows_a_fused_task_with_the_ops_it_replaced(tmp_path):
     torch.testing.assert_close(out.cpu(), (x.cpu() * 2 + 1).tanh())
 
 
+@pytest.mark.slow  # a second process compiles or loads from cold: slow tier
 def test_a_second_process_loads_compiled_segments_from_disk(tmp_path):
     code = """
         import json, torch, torchneuron

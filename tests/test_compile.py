@@ -359,6 +359,7 @@ def test_metrics_reset():
     assert metrics["compiled_graphs"] == 0 and metrics["graph_breaks"] == 0 and metrics["fallbacks"] == 0
 
 
+@pytest.mark.slow  # a second process compiles or loads from cold: slow tier
 def test_a_second_process_reuses_the_on_disk_caches(tmp_path):
     code = textwrap.dedent("""
         import json, torch, torchneuron

@@ -8,6 +8,7 @@ writes docs/op_coverage.md.
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -27,6 +28,15 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 OPS = list(op_db)  # names (name.variant) are unique
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_earlier_tests_left():
+    """The error checks collect garbage twice per op. Objects earlier tests
+    left for good (transformers' lazily imported modules, for one) are frozen
+    once here, so that those collections do not scan them every time."""
+    gc.collect()
+    gc.freeze()
 
 
 def _fast_dtype(op):

@@ -32,10 +32,9 @@ inline bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
 void set_enabled(bool on);
 
 // Whether a launch on `stream` is deferred: the mode is on, and neither
-// NEURON_LAUNCH_BLOCKING, deterministic algorithms, a graph capture, a
-// random op (its numbers must come from eager's generator) nor a running
-// fused program forbids it.
-bool should_defer(const runtime::Stream& stream, bool random_op);
+// NEURON_LAUNCH_BLOCKING, deterministic algorithms, a graph capture nor a
+// running fused program forbids it.
+bool should_defer(const runtime::Stream& stream);
 
 // While one lives, flushes on this thread run segments op by op, never a
 // compiled program: for callers holding a lock the program could need (the

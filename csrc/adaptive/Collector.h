@@ -12,6 +12,7 @@ namespace torchneuron::adaptive {
 
 struct Collector {
   std::vector<runtime::Stream::Task> tasks;
+  bool aborted = false;  // see ReplayAborted
 };
 
 // The collector of this thread, null outside a fused program.
@@ -19,6 +20,8 @@ inline thread_local Collector* t_collector = nullptr;
 
 // A fused program launched something that cannot be collected (a
 // synchronous op): this occurrence of the segment runs op by op instead.
+// The thrower also sets its collector's `aborted`, which survives the
+// exception's translation to a Python error and back.
 struct ReplayAborted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -145,11 +145,10 @@ bool replay(runtime::Stream& s, Segment& seg, const std::vector<bool>& live, Seg
       state.call(tensors);
     } catch (py::error_already_set& e) {
       failure = e.what();
-      if (e.matches(PyExc_RuntimeError) && failure.find("ReplayAborted") != std::string::npos) failure.clear();
-    } catch (const ReplayAborted&) {
     } catch (const std::exception& e) {
       failure = e.what();
     }
+    if (collector.aborted) failure.clear();
     bool ok = t_collector == &collector && collector.tasks.size() > 0;
     t_collector = nullptr;
     if (!failure.empty()) {
@@ -258,8 +257,8 @@ OpByOpFlushes::~OpByOpFlushes() { --t_op_by_op; }
 
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 
-bool should_defer(const runtime::Stream& stream, bool random_op) {
-  return enabled() && !random_op && t_collector == nullptr && !backend::launch_blocking() &&
+bool should_defer(const runtime::Stream& stream) {
+  return enabled() && t_collector == nullptr && !backend::launch_blocking() &&
          !at::globalContext().deterministicAlgorithms() && !stream.capturing();
 }
 

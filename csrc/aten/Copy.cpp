@@ -31,16 +31,9 @@ void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
   if (from == to) {
     constexpr std::string_view what = "copy_ (device to device)";
     auto body = [src_view, dst_view]() mutable { dst_view.copy_(src_view); };
-    c10::Stream current = backend::current_stream(to);
-    auto& stream = backend::runtime_stream(current);
-    if (adaptive::should_defer(stream, false)) {  // a copy_ op of the pending segment
-      static const auto& copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
-      c10::IValue args[] = {dst, src, false}, returns[] = {dst};
-      adaptive::defer(stream, to, copy_op, "aten::copy_", args, returns, detail::as_task(what, current, body),
-                      detail::task_record(stream, what, current, copy_facts(dst)));
-      return;
-    }
-    enqueue(to, what, std::move(body), copy_facts(dst));
+    static const auto& copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+    c10::IValue args[] = {dst, src, false}, returns[] = {dst};
+    enqueue_or_defer(to, copy_op, what, args, returns, std::move(body), copy_facts(dst));
     return;
   }
   // Peer copy on the destination's stream, after the source's pending

@@ -257,7 +257,10 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
   struct Run {
     torch::jit::Stack inputs, outputs;
   };
-  if (adaptive::t_collector) throw adaptive::ReplayAborted("ReplayAborted: a synchronous op in a fused program");
+  if (adaptive::Collector* collector = adaptive::t_collector) {
+    collector->aborted = true;
+    throw adaptive::ReplayAborted("a synchronous op in a fused program");
+  }
   auto run = std::make_shared<Run>();
   profiler::SyncScope sync(info.name, device);
   runtime::wait_device_idle(device, /*include_communication=*/false);  // as a blocking copy to the host
@@ -494,20 +497,19 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
             if (first && !plan->cpu_disagrees.load(std::memory_order_relaxed))
               plan->checked.store(true, std::memory_order_release);
           };
-  if (!first && adaptive::should_defer(stream, info.has_generator)) {
-    c10::Stream current = backend::current_stream(device);
-    const size_t nreturns = op.schema().returns().size();
-    adaptive::defer(stream, device, op, info.name, args, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nreturns, nreturns),
-                    detail::as_task(info.name, current, std::move(body)),
-                    detail::task_record(stream, info.name, current, facts));
-    return;
-  }
-  uint64_t seq = enqueue(device, info.name, std::move(body), facts);
+  // Random ops draw from eager's generator, so they are never deferred.
+  const size_t nreturns = op.schema().returns().size();
+  std::optional<uint64_t> seq =
+      first || info.has_generator
+          ? enqueue(device, info.name, std::move(body), facts)
+          : enqueue_or_defer(device, op, info.name, args,
+                             c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nreturns, nreturns),
+                             std::move(body), facts);
   if (first) {
     // Wait for the task without taking its error, if any: that still
     // surfaces at the next synchronisation, and the plan stays unchecked.
     profiler::SyncScope sync("first call of an op (checks its output plan)", device);
-    stream.wait_until(seq);
+    stream.wait_until(*seq);
     if (plan->cpu_disagrees.load(std::memory_order_relaxed)) {
       torch::jit::drop(*stack, op.schema().returns().size());
       return launch_synchronous(op, info, args, stack, device);

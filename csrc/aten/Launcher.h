@@ -9,9 +9,11 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "../adaptive/Adaptive.h"
 #include "../adaptive/Collector.h"
 #include "../backend/Current.h"
 #include "../profiler/Recorder.h"
@@ -72,6 +74,24 @@ uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body, co
   uint64_t seq = s.enqueue(std::move(task), detail::task_record(s, what, stream, facts));
   detail::after_enqueue(s);
   return seq;
+}
+
+// `enqueue`, unless adaptive eager holds launches on the current stream back:
+// then the task joins the stream's pending segment as a call of `op` with
+// `args` and `returns` (as the kernel got and returned them), and nullopt is
+// returned. Callers ask only for tasks that may run later inside a fused
+// program: not random ops, nor a first call whose plan is checked now.
+template <typename Body>
+std::optional<uint64_t> enqueue_or_defer(c10::DeviceIndex device, const c10::OperatorHandle& op,
+                                         std::string_view what, c10::ArrayRef<c10::IValue> args,
+                                         c10::ArrayRef<c10::IValue> returns, Body&& body,
+                                         const profiler::TaskFacts& facts) {
+  c10::Stream current = backend::current_stream(device);
+  runtime::Stream& stream = backend::runtime_stream(current);
+  if (!adaptive::should_defer(stream)) return enqueue(device, what, std::forward<Body>(body), facts);
+  adaptive::defer(stream, device, op, what, args, returns, detail::as_task(what, current, std::forward<Body>(body)),
+                  detail::task_record(stream, what, current, facts));
+  return std::nullopt;
 }
 
 // Uninitialised neuron tensor with the given geometry.
