@@ -5,8 +5,8 @@
 Everything is local: the text ships in examples/data/corpus.txt, the BPE
 tokenizer is trained on it here with `tokenizers`, and the model is built from
 a config (random weights). Nothing in this script names the device: Trainer
-finds `neuron` by itself (see examples/hf/README.md), and `use_cpu=True` or
-`--cpu` runs the same script on the CPU.
+finds `neuron` by itself (see examples/hf/README.md), and `--cpu` (`use_cpu=True`)
+runs the same script on the CPU.
 """
 
 from __future__ import annotations
