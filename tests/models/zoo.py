@@ -40,8 +40,8 @@ def to_device(obj, device):
     return obj
 
 
-def _ids(vocab=VOCAB, seq=SEQ, batch=BATCH, generator=None):
-    return torch.randint(3, vocab, (batch, seq), generator=generator)
+def _ids(vocab=VOCAB, seq=SEQ, batch=BATCH):
+    return torch.randint(3, vocab, (batch, seq))
 
 
 def _lm_batch():
@@ -198,13 +198,13 @@ def _llava_batch():
             "pixel_values": torch.randn(BATCH, 3, 16, 16), "labels": labels}
 
 
+@_seeded
 def _unet():
-    torch.manual_seed(0)
     from diffusers import UNet2DModel
     return UNet2DModel(sample_size=8, in_channels=3, out_channels=3, layers_per_block=1,
                        block_out_channels=(16, 32), norm_num_groups=8,
                        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                       up_block_types=("AttnUpBlock2D", "UpBlock2D")).float()
+                       up_block_types=("AttnUpBlock2D", "UpBlock2D"))
 
 
 def _unet_batch():
