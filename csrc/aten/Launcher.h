@@ -86,6 +86,8 @@ std::optional<uint64_t> enqueue_or_defer(c10::DeviceIndex device, const c10::Ope
                                          std::string_view what, c10::ArrayRef<c10::IValue> args,
                                          c10::ArrayRef<c10::IValue> returns, Body&& body,
                                          const profiler::TaskFacts& facts) {
+  // Mode off (the eager path every op takes): no stream lookup beyond enqueue's own.
+  if (!adaptive::enabled()) return enqueue(device, what, std::forward<Body>(body), facts);
   c10::Stream current = backend::current_stream(device);
   runtime::Stream& stream = backend::runtime_stream(current);
   if (!adaptive::should_defer(stream)) return enqueue(device, what, std::forward<Body>(body), facts);
