@@ -434,3 +434,20 @@ def test_freeing_a_tensor_used_on_a_stream_with_a_compiled_segment_pending_does_
             assert adaptive.get_metrics()["replays"] == replays  # that occurrence ran op by op
             side.synchronize()
     torch.testing.assert_close(out.cpu(), chain(x.cpu()))
+
+
+def test_the_compiler_process_exits_quietly_when_the_program_is_gone(tmp_path):
+    # The program may exit while a compile runs: the child records the outcome in
+    # the index and exits without a traceback when its answer has nowhere to go.
+    from torchneuron.adaptive import _engine
+
+    child = subprocess.Popen([sys.executable, "-m", "torchneuron.adaptive._worker"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=dict(os.environ, TORCHNEURON_ADAPTIVE_CACHE_DIR=str(tmp_path)))
+    child.stdout.close()  # the program is gone before the answer
+    _engine._send(child.stdin, ("a-key", {}))  # not a segment: fails at once
+    child.stdin.close()
+    assert child.wait(timeout=120) == 0
+    assert child.stderr.read().decode() == ""
+    entry = json.loads((tmp_path / "a-key.json").read_text())
+    assert entry["ok"] is False and entry["reason"]

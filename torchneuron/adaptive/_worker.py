@@ -36,7 +36,11 @@ def main() -> None:
             ok, reason = False, f"{type(error).__name__}: {message[0] if message else ''}"
         seconds = time.perf_counter() - start
         _engine.write_index(key, {"ok": ok, "reason": reason, "seconds": seconds})
-        _engine._send(answers, (key, ok, seconds, reason))
+        try:
+            _engine._send(answers, (key, ok, seconds, reason))
+        except BrokenPipeError:  # the program exited meanwhile; the index keeps the outcome
+            os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())  # nothing left to flush at exit
+            return
 
 
 if __name__ == "__main__":
