@@ -60,6 +60,7 @@ PYBIND11_MODULE(_C, m) {
     d["launch_blocking"] = c.launch_blocking;
     d["compile_strict"] = c.compile_strict;
     d["nki_batch"] = c.nki_batch;
+    d["worker_threads"] = c.worker_threads;
     d["log_level"] = c.log_level;
     d["error"] = c.error;
     return d;

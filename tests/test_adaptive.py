@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
 import torchneuron
@@ -244,7 +245,11 @@ def _train(device: str, steps: int, adaptive_on: bool):
 def test_fifty_training_steps_match_eager_and_cpu_and_replay_as_one_task():
     cpu_losses, cpu_params, _ = _train("cpu", 50, False)
     eager_losses, eager_params, eager_memory = _train("neuron", 50, False)
+    misses = counters["inductor"]["fxgraph_cache_miss"]
     losses, params, memory = _train("neuron", 50, True)
+    # The child compiled with this process's settings (its thread count too), so
+    # loading each program here was a cache hit, not a second compile.
+    assert counters["inductor"]["fxgraph_cache_miss"] == misses
     m = adaptive.get_metrics()
     assert m["failures"] == [], m["failures"]
     assert m["compiled"] >= 1 and m["replays"] >= 45, m

@@ -13,6 +13,7 @@ segment it has seen compiled as soon as the segment turns hot.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -26,11 +27,20 @@ import torch
 
 from . import _graph
 
-# Inductor settings of every segment program, the same in the compiling child
-# and the loading parent (they are part of the compile cache's key). Segments
-# are small: one thread per kernel avoids OpenMP start-up and contention with
-# the host thread.
-INDUCTOR_CONFIG = {"cpp.threads": 1, "fx_graph_cache": True}
+
+@functools.cache
+def inductor_config() -> dict:
+    """Inductor settings of every segment program, the same in the compiling child
+    and the loading parent (they are part of the compile cache's key).
+
+    Kernels use the intra-op threads of the device worker that runs them, as eager's
+    kernels do. (One thread each, tried first, made a d=128 GPT step's fused program
+    slower than eager: `docs/performance.md`.) The parent hands its count to the child.
+    """
+    from torchneuron import _C
+
+    threads = _C._config()["worker_threads"] or torch.get_num_threads()
+    return {"cpp.threads": threads, "fx_graph_cache": True}
 
 
 def cache_dir() -> str:
@@ -78,7 +88,7 @@ def compile_segment(desc: dict):
     # A tracing context with the fake mode: without it Inductor bypasses its
     # FX graph cache, and the parent could not load what the child compiled.
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
-            torch._inductor.config.patch(INDUCTOR_CONFIG), torch.no_grad():
+            torch._inductor.config.patch(inductor_config()), torch.no_grad():
         return compile_fx(gm, fakes)
 
 
@@ -112,7 +122,7 @@ class Engine:
 
     def submit(self, desc: dict) -> tuple[str, str, str]:
         """A segment turned hot: (key, "ready" | "compiling" | "failed", reason)."""
-        key = _graph.key_of(desc, (torch.__version__, sorted(INDUCTOR_CONFIG.items())))
+        key = _graph.key_of(desc, (torch.__version__, sorted(inductor_config().items())))
         entry = read_index(key)
         if entry is not None:
             return (key, "ready", "") if entry["ok"] else (key, "failed", entry["reason"])
@@ -135,7 +145,8 @@ class Engine:
     def _ensure_child(self) -> subprocess.Popen:
         if self._child is not None and self._child.poll() is None:
             return self._child
-        env = dict(os.environ, TORCHNEURON_ADAPTIVE_EAGER="0")
+        env = dict(os.environ, TORCHNEURON_ADAPTIVE_EAGER="0",
+                   TORCHNEURON_WORKER_THREADS=str(inductor_config()["cpp.threads"]))
         self._child = subprocess.Popen([sys.executable, "-m", "torchneuron.adaptive._worker"],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         threading.Thread(target=self._read_answers, args=(self._child,), daemon=True,
