@@ -3,7 +3,9 @@
 - Small GPT training (seq 64, batch 8, AdamW): steady state after warm-up,
   and the warm-up cost: steps and seconds until the first replay of a
   compiled segment (compiled from scratch: a fresh compile cache).
-- AdamW (foreach) step over 40 parameters of 128x128.
+- AdamW (foreach) step over 40 parameters of 128x128, each step its own
+  segment (a stream query ends it, in both modes; without one, ten steps
+  would be one segment, a different program that takes minutes to compile).
 - Launch overhead: host time per small op with the mode on but nothing
   compiled yet (segments never turn hot), vs eager; target: at most 1.25x.
 """
@@ -71,10 +73,16 @@ def gpt(d: int, steps: int, rounds: int, limit_s: float) -> list[dict]:
     return rows
 
 
+def end_segment() -> None:
+    """What ends a step's segment in training (there: the next batch's copy to the device)."""
+    torch.neuron.current_stream().query()
+
+
 def adamw(steps: int, rounds: int, limit_s: float) -> dict:
     adaptive.reset()
-    fused, eager = optimizer_step.make_steps("neuron", steps), optimizer_step.make_steps("neuron", steps)
-    single = optimizer_step.make_steps("neuron", 1)
+    fused, eager = (optimizer_step.make_steps("neuron", steps, end_segment),
+                    optimizer_step.make_steps("neuron", steps, end_segment))
+    single = optimizer_step.make_steps("neuron", 1, end_segment)
     warm_steps, warm_s = warm_up(single, limit_s)
     adaptive.wait_for_compiles(limit_s)
     a_ms, e_ms = interleaved(in_mode(True, fused), in_mode(False, eager), rounds=rounds)

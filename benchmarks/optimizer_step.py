@@ -20,7 +20,8 @@ from _common import interleaved, report  # noqa: E402
 PARAMS, SIZE = 40, 128
 
 
-def make_steps(device: str, steps: int):
+def make_steps(device: str, steps: int, after_step=None):
+    """`after_step` runs after every step (the adaptive benchmark ends each step's segment there)."""
     torch.manual_seed(0)
     params = [torch.randn(SIZE, SIZE, device=device, requires_grad=True) for _ in range(PARAMS)]
     for p in params:
@@ -33,6 +34,8 @@ def make_steps(device: str, steps: int):
         t0 = time.perf_counter()
         for _ in range(steps):
             opt.step()
+            if after_step:
+                after_step()
         params[0].sum().item()
         return (time.perf_counter() - t0) / steps * 1e3
 

@@ -218,9 +218,11 @@ def _mlp():
                                torch.nn.Linear(32, 4))
 
 
-def _train(device: str, steps: int, adaptive_on: bool):
+def _train(device: str, steps: int, adaptive_on: bool, schedule: bool = False):
     model = _mlp().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    # A learning rate that changes every step (so does AdamW's weight-decay factor).
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 / (1 + step)) if schedule else None
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(8, 16, generator=gen).to(device)
     y = torch.randint(0, 4, (8,), generator=gen).to(device)
@@ -231,6 +233,8 @@ def _train(device: str, steps: int, adaptive_on: bool):
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if scheduler:
+                scheduler.step()
             losses.append(loss.item())
             if adaptive_on and step == 2:
                 assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
@@ -260,6 +264,19 @@ def test_fifty_training_steps_match_eager_and_cpu_and_replay_as_one_task():
         torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(p, c, rtol=1e-4, atol=1e-5)
     assert memory == eager_memory
+
+
+def test_a_learning_rate_schedule_keeps_the_step_recurring():
+    # The optimizer's scalars that follow the learning rate are lifted out of the
+    # segment's signature, so every step is the same compiled segment.
+    eager_losses, eager_params, _ = _train("neuron", 12, False, schedule=True)
+    losses, params, _ = _train("neuron", 12, True, schedule=True)
+    m = adaptive.get_metrics()
+    assert m["failures"] == [], m["failures"]
+    assert m["replays"] >= 8 and m["distinct_segments"] <= 3, m
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for p, e in zip(params, eager_params):
+        torch.testing.assert_close(p, e, rtol=1e-5, atol=1e-6)
 
 
 def _hot(fn, *args, times: int = 4):
@@ -409,6 +426,32 @@ def test_a_second_process_loads_compiled_segments_from_disk(tmp_path):
     second = json.loads(second.stdout.splitlines()[-1])
     # Nothing compiled: the index said it was, and Inductor's cache had the program.
     assert second["compile_seconds"] == 0 and second["cache_hits"] >= 1 and second["replays"] >= 2, second
+
+
+def test_a_compile_over_the_time_limit_is_abandoned_and_the_segment_runs_op_by_op(tmp_path):
+    code = """
+        import json, torch, torchneuron
+        from torchneuron import adaptive
+        x = torch.randn(32, device="neuron")
+        step = lambda: ((x * 2) + 1).relu()
+        step(); torch.neuron.synchronize()
+        with adaptive.enabled():
+            for i in range(4):
+                out = step(); torch.neuron.synchronize()
+                if i == 1:
+                    assert adaptive.wait_for_compiles(300)
+        m = adaptive.get_metrics()
+        right = torch.equal(out.cpu(), ((x.cpu() * 2) + 1).relu())
+        print(json.dumps({"replays": m["replays"], "failures": m["failures"], "right": right}))
+    """
+    result = _run(code, TORCHNEURON_ADAPTIVE_CACHE_DIR=str(tmp_path / "segments"),
+                  TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT="0.01")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["right"] and out["replays"] == 0, out
+    assert len(out["failures"]) == 1 and "took longer than 0.01 s" in str(out["failures"][0]), out
+    # Not recorded in the index: another process may try again.
+    assert not list((tmp_path / "segments").glob("*.json"))
 
 
 def test_metrics_and_configuration_are_checked():

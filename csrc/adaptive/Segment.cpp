@@ -118,17 +118,24 @@ void Segment::sign(const c10::IValue& v) {
   unsupported = "a constant argument of a type the compiler does not take";
 }
 
-bool Segment::lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const c10::IValue& scalars,
-                   ArgRecord& arg) {
-  if (op.schema().name().rfind("aten::_foreach_", 0) != 0 || args.empty() || !args[0].isTensorList()) return false;
-  auto list = scalars.toListRef();
-  std::vector<double> values;
-  for (const auto& x : list) {
-    if (!x.isDouble() && !x.isInt()) return false;
-    values.push_back(x.isDouble() ? x.toDouble() : double(x.toInt()));
-  }
+bool Segment::lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, size_t index, ArgRecord& arg) {
+  const auto& schema = op.schema();
+  if (schema.name().rfind("aten::_foreach_", 0) != 0 || args.empty() || !args[0].isTensorList()) return false;
+  // The program builder takes the scalars from the op's last positional argument.
+  const auto& arguments = schema.arguments();
+  if (arguments[index].kwarg_only() || (index + 1 < arguments.size() && !arguments[index + 1].kwarg_only()))
+    return false;
   auto tensors = args[0].toTensorList();
   if (tensors.size() == 0) return false;
+  std::vector<double> values;
+  if (args[index].isDouble()) {
+    values.assign(tensors.size(), args[index].toDouble());
+  } else {
+    for (const auto& x : args[index].toListRef()) {
+      if (!x.isDouble() && !x.isInt()) return false;
+      values.push_back(x.isDouble() ? x.toDouble() : double(x.toInt()));
+    }
+  }
   // The kernel computes in the tensors' math type: float for reduced floats.
   c10::ScalarType dtype = tensors.get(0).scalar_type();
   if (!c10::isFloatingType(dtype)) return false;
@@ -169,7 +176,8 @@ void Segment::append(const c10::OperatorHandle& op, std::string_view name, c10::
         arg.tensors.push_back(e.isNone() ? TensorRef{} : reference(e.toTensor()));
       }
       signature.push_back(int64_t(arg.tensors.size()));
-    } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList() && lift(op, args, a, arg)) {
+    } else if (((a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) || a.isDouble()) &&
+               lift(op, args, size_t(&a - args.data()), arg)) {
     } else {
       arg.constant = a;
       sign(a);

@@ -41,8 +41,9 @@ struct TensorRef {
 
 // One schema argument: a constant, a tensor, a list of tensors, or the
 // per-tensor scalars of a _foreach_ op, which an optimizer changes every step
-// (bias corrections): those are lifted out of the signature and reach the
-// program as a tensor (Segment::lifted[lifted]).
+// (bias corrections; a weight-decay factor that follows a learning-rate
+// schedule): those are lifted out of the signature and reach the program as a
+// tensor (Segment::lifted[lifted]).
 struct ArgRecord {
   enum Kind : uint8_t { kConstant, kTensor, kTensorList, kOptionalTensorList, kLifted } kind = kConstant;
   c10::IValue constant;
@@ -95,10 +96,10 @@ struct Segment {
 
  private:
   TensorRef reference(const at::Tensor& t);
-  // The scalars of a _foreach_ op's Scalar[] argument, lifted; false if they
-  // must stay constants.
-  bool lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const c10::IValue& scalars,
-            ArgRecord& arg);
+  // The scalars of a _foreach_ op's last positional argument, a Scalar[] or
+  // a float (one scalar for every tensor), lifted; false if they must stay
+  // constants.
+  bool lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, size_t index, ArgRecord& arg);
   void sign(const TensorRef& ref);
   void sign(const c10::IValue& constant);
 };

@@ -4,13 +4,36 @@ Reads ``(key, description)`` requests on stdin, compiles each segment with
 Inductor (filling the compile cache), records the outcome in the segment
 index and answers ``(key, ok, seconds, reason)`` on stdout. It runs at a
 lower priority than the program it compiles for.
+
+A compile that takes longer than ``TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT``
+seconds (default 300) is abandoned: the child compiles one segment at a time,
+so one huge segment (ten optimizer steps without a synchronisation between
+them took 15 minutes) would otherwise hold back every segment behind it. The
+timeout is reported as the segment's failure but not recorded in the index:
+another process, on a quieter machine, may try again.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
+
+
+class CompileTimeout(BaseException):  # not an Exception: the compiler must not swallow it
+    pass
+
+
+def _timeout() -> float:
+    value = os.environ.get("TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT", "300")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise SystemExit(f"TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT must be a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def main() -> None:
@@ -22,20 +45,33 @@ def main() -> None:
         pass
     from torchneuron.adaptive import _engine
 
+    limit = _timeout()
+
+    def abandon(signum, frame):
+        raise CompileTimeout(f"the compile took longer than {limit:g} s (TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT)")
+
+    signal.signal(signal.SIGALRM, abandon)
     while True:
         request = _engine._receive(requests)
         if request is None:
             return
         key, desc = request
         start = time.perf_counter()
+        persist = True
+        signal.setitimer(signal.ITIMER_REAL, limit)
         try:
             _engine.compile_segment(desc)
             ok, reason = True, ""
+        except CompileTimeout as error:
+            ok, reason, persist = False, f"CompileTimeout: {error}", False
         except Exception as error:  # any failure is the segment's, reported with its reason
             message = str(error).strip().splitlines()
             ok, reason = False, f"{type(error).__name__}: {message[0] if message else ''}"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         seconds = time.perf_counter() - start
-        _engine.write_index(key, {"ok": ok, "reason": reason, "seconds": seconds})
+        if persist:
+            _engine.write_index(key, {"ok": ok, "reason": reason, "seconds": seconds})
         try:
             _engine._send(answers, (key, ok, seconds, reason))
         except BrokenPipeError:  # the program exited meanwhile; the index keeps the outcome
