@@ -40,9 +40,11 @@ py::tuple geometry(c10::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayR
                         offset);
 }
 
-py::object ref_object(const TensorRef& r) {
+py::tuple geometry(const Layout& l) { return geometry(l.dtype, l.sizes, l.strides, l.offset); }
+
+py::object ref_object(const Segment& seg, const TensorRef& r) {
   if (r.kind == TensorRef::kUndefined) return py::none();
-  py::object view = r.is_view ? py::object(geometry(r.dtype, r.sizes, r.strides, r.offset)) : py::none();
+  py::object view = r.view >= 0 ? py::object(geometry(seg.views[r.view])) : py::none();
   return py::make_tuple(r.kind == TensorRef::kInput ? "input" : "value", r.index, view);
 }
 
@@ -232,7 +234,8 @@ at::Tensor alias(const at::Tensor& t) {
 }
 
 at::Tensor value_tensor(const Value& v) {
-  return alias(c10::Storage(v.storage.lock()), v.dtype, v.sizes, v.strides, v.offset);
+  const Layout& l = v.layout;
+  return alias(c10::Storage(v.storage.lock()), l.dtype, l.sizes, l.strides, l.offset);
 }
 
 py::dict describe(const Segment& seg, const std::vector<bool>& live) {
@@ -245,34 +248,37 @@ py::dict describe(const Segment& seg, const std::vector<bool>& live) {
   }
   for (size_t i = 0; i < seg.values.size(); ++i) {
     const auto& v = seg.values[i];
-    values.append(geometry(v.dtype, v.sizes, v.strides, v.offset));
+    values.append(geometry(v.layout));
     if (live[i]) live_list.append(int(i));
   }
   for (const auto& op : seg.ops) {
     const auto& schema = op.op->schema();
     py::list args;
-    for (size_t i = 0; i < op.args.size(); ++i) {
-      const auto& a = op.args[i];
+    c10::ArrayRef<ArgRecord> records = Segment::slice(seg.args, op.args);
+    for (size_t i = 0; i < records.size(); ++i) {
+      const auto& a = records[i];
       switch (a.kind) {
         case ArgRecord::kConstant:
           args.append(py::make_tuple("constant", constant_object(a.constant, schema.arguments()[i].type())));
           break;
         case ArgRecord::kTensor:
-          args.append(py::make_tuple("tensor", ref_object(a.tensors[0])));
+          args.append(py::make_tuple("tensor", ref_object(seg, seg.refs[a.tensors.first])));
           break;
         case ArgRecord::kLifted:
           args.append(py::make_tuple("lifted", a.lifted));
           break;
-        default: {
+        case ArgRecord::kTensorList: {
           py::list refs;
-          for (size_t k = 0; k < a.tensors.size(); ++k)
-            refs.append(a.kind == ArgRecord::kOptionalTensorList && a.none[k] ? py::none() : ref_object(a.tensors[k]));
+          for (const auto& r : Segment::slice(seg.refs, a.tensors)) refs.append(ref_object(seg, r));
           args.append(py::make_tuple("list", refs));
         }
       }
     }
     py::list returns;
-    for (const auto& r : op.returns) returns.append(py::cast(std::vector<int32_t>(r.begin(), r.end())));
+    for (const Span& r : Segment::slice(seg.results, op.results)) {
+      c10::ArrayRef<int32_t> created = Segment::slice(seg.created, r);
+      returns.append(py::cast(std::vector<int32_t>(created.begin(), created.end())));
+    }
     ops.append(py::make_tuple(schema.name(), schema.overload_name(), args, returns));
   }
   py::list lifted;

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "../backend/Current.h"
 #include "../profiler/Recorder.h"
@@ -55,7 +56,9 @@ struct Pending {
   runtime::Stream& stream;
   std::mutex mutex;  // guards `segment`
   Segment segment;
-  std::mutex flush_mutex;
+  std::mutex flush_mutex;  // guards `spare`
+  // The last flushed segment, cleared: its tables' capacity serves the next.
+  Segment spare;
   std::atomic<int64_t> last_defer_ns{0};
 };
 
@@ -221,8 +224,7 @@ void flush(runtime::Stream& s) {
   {
     std::lock_guard<std::mutex> lock(p.mutex);
     if (p.segment.empty()) return s.clear_deferred();
-    seg = std::move(p.segment);
-    p.segment = Segment();
+    seg = std::exchange(p.segment, std::move(p.spare));
     s.clear_deferred();
   }
   const runtime::Stream* outer = t_flushing;
@@ -234,6 +236,8 @@ void flush(runtime::Stream& s) {
     throw;
   }
   t_flushing = outer;
+  seg.clear();
+  p.spare = std::move(seg);
 }
 
 const bool registered = [] {

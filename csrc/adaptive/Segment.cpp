@@ -15,28 +15,46 @@ int64_t bits(double d) {
   return b;
 }
 
-bool same_geometry(const at::Tensor& t, c10::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                   int64_t offset) {
+bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
+         a.storage_offset() == b.storage_offset();
+}
+
+void sign_layout(std::vector<int64_t>& sig, const Layout& l) {
+  sig.push_back(int64_t(l.dtype));
+  sig.push_back(int64_t(l.sizes.size()));
+  sig.insert(sig.end(), l.sizes.begin(), l.sizes.end());
+  sig.insert(sig.end(), l.strides.begin(), l.strides.end());
+  sig.push_back(l.offset);
+}
+
+}  // namespace
+
+Layout Layout::of(const at::Tensor& t) {
+  return Layout{t.scalar_type(), {t.sizes().begin(), t.sizes().end()}, {t.strides().begin(), t.strides().end()},
+                t.storage_offset()};
+}
+
+bool Layout::matches(const at::Tensor& t) const {
   return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
          t.storage_offset() == offset;
 }
 
-struct Layout {
-  c10::ScalarType dtype;
-  c10::IntArrayRef sizes, strides;
-  int64_t offset;
-};
-
-template <typename Geometry>
-void sign_geometry(std::vector<int64_t>& sig, const Geometry& g) {
-  sig.push_back(int64_t(g.dtype));
-  sig.push_back(int64_t(g.sizes.size()));
-  sig.insert(sig.end(), g.sizes.begin(), g.sizes.end());
-  sig.insert(sig.end(), g.strides.begin(), g.strides.end());
-  sig.push_back(g.offset);
+void Segment::clear() {
+  ops.clear();
+  args.clear();
+  refs.clear();
+  results.clear();
+  created.clear();
+  inputs.clear();
+  lifted.clear();
+  values.clear();
+  views.clear();
+  by_storage.clear();
+  signature.clear();
+  unsupported = {};
+  device = 0;
 }
-
-}  // namespace
 
 TensorRef Segment::reference(const at::Tensor& t) {
   TensorRef ref;
@@ -56,31 +74,23 @@ TensorRef Segment::reference(const at::Tensor& t) {
     signature.push_back(-1);  // a new input and its layout
     signature.push_back(t.device().index());
     signature.push_back(int64_t(t.storage().nbytes()));
-    sign_geometry(signature, Layout{t.scalar_type(), t.sizes(), t.strides(), t.storage_offset()});
+    sign_layout(signature, Layout::of(t));
     return ref;
   }
   ref.kind = it->second.kind;
   ref.index = it->second.index;
-  if (ref.kind == TensorRef::kInput) {
-    const at::Tensor& base = inputs[ref.index];
-    ref.is_view = !same_geometry(t, base.scalar_type(), base.sizes(), base.strides(), base.storage_offset());
-  } else {
-    const Value& v = values[ref.index];
-    ref.is_view = !same_geometry(t, v.dtype, v.sizes, v.strides, v.offset);
-  }
-  if (ref.is_view) {  // only views carry their layout
-    ref.dtype = t.scalar_type();
-    ref.sizes.assign(t.sizes().begin(), t.sizes().end());
-    ref.strides.assign(t.strides().begin(), t.strides().end());
-    ref.offset = t.storage_offset();
+  bool same = ref.kind == TensorRef::kInput ? same_layout(inputs[ref.index], t) : values[ref.index].layout.matches(t);
+  if (!same) {  // only views carry their layout
+    ref.view = int32_t(views.size());
+    views.push_back(Layout::of(t));
   }
   return ref;
 }
 
 void Segment::sign(const TensorRef& ref) {
-  signature.push_back(int64_t(ref.kind) * 2 + ref.is_view);
+  signature.push_back(int64_t(ref.kind) * 2 + (ref.view >= 0));
   signature.push_back(ref.index);
-  if (ref.is_view) sign_geometry(signature, ref);
+  if (ref.view >= 0) sign_layout(signature, views[ref.view]);
 }
 
 void Segment::sign(const c10::IValue& v) {
@@ -149,70 +159,67 @@ bool Segment::lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
   return true;
 }
 
-void Segment::append(const c10::OperatorHandle& op, std::string_view name, c10::ArrayRef<c10::IValue> args,
+void Segment::append(const c10::OperatorHandle& op, std::string_view name, c10::ArrayRef<c10::IValue> op_args,
                      c10::ArrayRef<c10::IValue> returns, runtime::Stream::Task eager_task,
                      std::shared_ptr<runtime::TaskRecord> record) {
-  RecordedOp rec{&op, name, {}, {}, std::move(eager_task), std::move(record)};
+  RecordedOp rec{&op, name, {int32_t(args.size()), int32_t(op_args.size())}, {}, std::move(eager_task),
+                 std::move(record)};
   signature.push_back(reinterpret_cast<intptr_t>(&op.schema()));
-  rec.args.reserve(args.size());
-  for (const auto& a : args) {
+  for (const auto& a : op_args) {
+    const size_t index = size_t(&a - op_args.data());
     ArgRecord arg;
+    arg.tensors.first = int32_t(refs.size());
     if (a.isTensor() && a.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
       arg.constant = a.toTensor().item();  // a Python number the op took as a tensor
       sign(arg.constant);
     } else if (a.isTensor()) {
       arg.kind = ArgRecord::kTensor;
-      arg.tensors.push_back(reference(a.toTensor()));
+      refs.push_back(reference(a.toTensor()));
     } else if (a.isTensorList()) {
       arg.kind = ArgRecord::kTensorList;
-      for (const at::Tensor& t : a.toTensorList()) arg.tensors.push_back(reference(t));
-      signature.push_back(int64_t(arg.tensors.size()));
+      for (const at::Tensor& t : a.toTensorList()) refs.push_back(reference(t));
+      signature.push_back(int64_t(refs.size()) - arg.tensors.first);
     } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList() &&
                a.toListRef().size() > 0 && (a.toListRef()[0].isTensor() || a.toListRef()[0].isNone()) &&
-               op.schema().arguments()[&a - args.data()].type()->kind() == c10::TypeKind::ListType) {
-      arg.kind = ArgRecord::kOptionalTensorList;  // Tensor?[] (indices)
-      for (const auto& e : a.toListRef()) {
-        arg.none.push_back(e.isNone());
-        arg.tensors.push_back(e.isNone() ? TensorRef{} : reference(e.toTensor()));
-      }
-      signature.push_back(int64_t(arg.tensors.size()));
+               op.schema().arguments()[index].type()->kind() == c10::TypeKind::ListType) {
+      arg.kind = ArgRecord::kTensorList;  // Tensor?[] (indices)
+      for (const auto& e : a.toListRef()) refs.push_back(e.isNone() ? TensorRef{} : reference(e.toTensor()));
+      signature.push_back(int64_t(refs.size()) - arg.tensors.first);
     } else if (((a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) || a.isDouble()) &&
-               lift(op, args, size_t(&a - args.data()), arg)) {
+               lift(op, op_args, index, arg)) {
     } else {
       arg.constant = a;
       sign(a);
     }
-    for (const auto& ref : arg.tensors) sign(ref);
-    rec.args.push_back(std::move(arg));
+    arg.tensors.count = int32_t(refs.size()) - arg.tensors.first;
+    for (const auto& ref : slice(refs, arg.tensors)) sign(ref);
+    args.push_back(std::move(arg));
   }
   // Results: a tensor on a storage the segment has not seen is a new value.
+  rec.results = {int32_t(results.size()), int32_t(returns.size())};
   for (const auto& r : returns) {
-    c10::SmallVector<int32_t, 1> created;
+    Span result{int32_t(created.size()), 0};
     auto visit = [&](const at::Tensor& t) {
       if (!t.defined() || by_storage.count(t.storage().unsafeGetStorageImpl())) {
         created.push_back(-1);
         return;
       }
-      Value v{c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
-              c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
-              t.scalar_type(),
-              {t.sizes().begin(), t.sizes().end()},
-              {t.strides().begin(), t.strides().end()},
-              t.storage_offset()};
       TensorRef ref;
       ref.kind = TensorRef::kValue;
       ref.index = int32_t(values.size());
       by_storage.emplace(t.storage().unsafeGetStorageImpl(), ref);
       created.push_back(ref.index);
-      sign_geometry(signature, v);
-      values.push_back(std::move(v));
+      values.push_back(Value{c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
+                             c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), Layout::of(t)});
+      sign_layout(signature, values.back().layout);
     };
     if (r.isTensor()) visit(r.toTensor());
     else if (r.isTensorList())
       for (const at::Tensor& t : r.toTensorList()) visit(t);
     else unsupported = "a result that is not a tensor";
-    signature.push_back(int64_t(created.size()));
-    rec.returns.push_back(std::move(created));
+    result.count = int32_t(created.size()) - result.first;
+    signature.push_back(result.count);
+    results.push_back(result);
   }
   ops.push_back(std::move(rec));
 }

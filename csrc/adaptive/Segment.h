@@ -17,26 +17,42 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <memory>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "../runtime/Stream.h"
 
 namespace torchneuron::adaptive {
 
-// How an op reaches one of its tensor arguments.
-struct TensorRef {
-  enum Kind : uint8_t { kUndefined, kInput, kValue } kind = kUndefined;
-  int32_t index = -1;  // into Segment::inputs or Segment::values
-  // Set when the argument is laid out differently from the input or value
-  // it views (an as_strided of it); only then is the layout below filled.
-  bool is_view = false;
+// A tensor's layout over its storage.
+struct Layout {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::SmallVector<int64_t, 5> sizes, strides;
   int64_t offset = 0;
+
+  static Layout of(const at::Tensor& t);
+  bool matches(const at::Tensor& t) const;
+};
+
+// A run of entries of one of the segment's flat tables: a segment records
+// each op into tables shared by all its ops, so that recording an op
+// allocates nothing once the tables have grown to a segment's size (a
+// flushed segment's tables are cleared and reused by the next).
+struct Span {
+  int32_t first = 0, count = 0;
+};
+
+// How an op reaches one of its tensor arguments (kUndefined: an undefined
+// tensor, or None in a Tensor?[]).
+struct TensorRef {
+  enum Kind : uint8_t { kUndefined, kInput, kValue } kind = kUndefined;
+  int32_t index = -1;  // into Segment::inputs or Segment::values
+  // Into Segment::views when the argument is laid out differently from the
+  // input or value it views (an as_strided of it), else -1.
+  int32_t view = -1;
 };
 
 // One schema argument: a constant, a tensor, a list of tensors, or the
@@ -45,20 +61,20 @@ struct TensorRef {
 // schedule): those are lifted out of the signature and reach the program as a
 // tensor (Segment::lifted[lifted]).
 struct ArgRecord {
-  enum Kind : uint8_t { kConstant, kTensor, kTensorList, kOptionalTensorList, kLifted } kind = kConstant;
+  enum Kind : uint8_t { kConstant, kTensor, kTensorList, kLifted } kind = kConstant;
   c10::IValue constant;
   int32_t lifted = -1;
-  c10::SmallVector<TensorRef, 1> tensors;
-  std::vector<bool> none;  // kOptionalTensorList: entries that were None
+  Span tensors;  // into Segment::refs
 };
 
 struct RecordedOp {
   const c10::OperatorHandle* op;
   std::string_view name;  // outlives the segment (the launcher's op names)
-  std::vector<ArgRecord> args;
-  // Per schema return, per tensor in it: the value it created, or -1 (an
-  // argument returned as it is, a view, an undefined tensor).
-  std::vector<c10::SmallVector<int32_t, 1>> returns;
+  Span args;     // into Segment::args, one per schema argument
+  // Into Segment::results, one per schema return, each the span of
+  // Segment::created holding, per tensor in it, the value it created or -1
+  // (an argument returned as it is, a view, an undefined tensor).
+  Span results;
   runtime::Stream::Task eager_task;
   std::shared_ptr<runtime::TaskRecord> record;  // profiling, else null
 };
@@ -67,17 +83,20 @@ struct RecordedOp {
 struct Value {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
-  c10::ScalarType dtype;
-  c10::SmallVector<int64_t, 5> sizes, strides;
-  int64_t offset = 0;
+  Layout layout;
 };
 
 struct Segment {
   std::vector<RecordedOp> ops;
+  std::vector<ArgRecord> args;
+  std::vector<TensorRef> refs;
+  std::vector<Span> results;
+  std::vector<int32_t> created;
   std::vector<at::Tensor> inputs;  // one per device storage read from outside the segment
   std::vector<at::Tensor> lifted;  // CPU tensors of lifted scalars
   std::vector<Value> values;
-  std::unordered_map<const c10::StorageImpl*, TensorRef> by_storage;  // kind and index only
+  std::vector<Layout> views;
+  ska::flat_hash_map<const c10::StorageImpl*, TensorRef> by_storage;  // kind and index only
   // Structural signature (op identities, geometry, constants, references);
   // the live mask of values is appended at flush.
   std::vector<int64_t> signature;
@@ -86,6 +105,12 @@ struct Segment {
   c10::DeviceIndex device = 0;
 
   bool empty() const { return ops.empty(); }
+  // Forgets every op, keeping the tables' capacity.
+  void clear();
+  template <typename T>
+  static c10::ArrayRef<T> slice(const std::vector<T>& table, Span span) {
+    return c10::ArrayRef<T>(table.data() + span.first, size_t(span.count));
+  }
   // Appends one op whose outputs the launcher has allocated: `returns` are the
   // values it returned (the top of its stack).
   void append(const c10::OperatorHandle& op, std::string_view name, c10::ArrayRef<c10::IValue> args,
