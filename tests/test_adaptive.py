@@ -399,6 +399,8 @@ def test_a_second_process_loads_compiled_segments_from_disk(tmp_path):
         import json, torch, torchneuron
         from torch._dynamo.utils import counters
         from torchneuron import adaptive
+        # A setting of the program's own: the child must compile with it too.
+        torch._inductor.config.realize_reads_threshold = 5
         x = torch.randn(32, device="neuron")
         step = lambda: (x.exp() - 1).mul(x).sum()
         step(); torch.neuron.synchronize()
@@ -419,8 +421,9 @@ def test_a_second_process_loads_compiled_segments_from_disk(tmp_path):
     assert first.returncode == 0, first.stderr
     first = json.loads(first.stdout.splitlines()[-1])
     assert first["failures"] == [] and first["compile_seconds"] > 0 and first["replays"] >= 1
-    # The child compiled with this process's settings (its thread count too), so
-    # loading the program here was a cache hit, not a second compile.
+    # The child compiled with this process's Inductor config (its own setting and
+    # thread count too), so loading the program here was a cache hit, not a
+    # second compile.
     assert first["cache_misses"] == 0 and first["cache_hits"] >= 1, first
     second = _run(code, **env)
     assert second.returncode == 0, second.stderr
@@ -455,9 +458,34 @@ def test_a_compile_over_the_time_limit_is_abandoned_and_the_segment_runs_op_by_o
     assert not list((tmp_path / "segments").glob("*.json"))
 
 
+@pytest.mark.parametrize("name,value,expected", [
+    ("TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT", "abc", "expected a positive number of seconds"),
+    ("TORCHNEURON_ADAPTIVE_HOT", "1.5", "expected a positive integer"),
+    ("TORCHNEURON_ADAPTIVE_IDLE_MS", "0", "expected a positive number of milliseconds"),
+])
+def test_an_invalid_setting_in_the_environment_is_reported_at_the_first_device_use(name, value, expected):
+    result = _run("""
+        import torch, torchneuron
+        try:
+            torch.ones(1, device="neuron")
+        except RuntimeError as error:
+            print(error)
+    """, **{name: value})
+    assert result.returncode == 0, result.stderr
+    assert f"invalid environment: {name}='{value}': {expected}" in result.stdout, result.stdout
+
+
 def test_metrics_and_configuration_are_checked():
-    with pytest.raises(RuntimeError, match="hot and max_ops must be at least 1"):
+    with pytest.raises(ValueError, match="hot and max_ops must be at least 1"):
         adaptive.configure(hot=0)
+    with pytest.raises(ValueError, match="compile_timeout positive; .*compile_timeout=-1"):
+        adaptive.configure(compile_timeout=-1)
+    saved = adaptive.configure()
+    try:
+        assert adaptive.configure(compile_timeout=12.5)["compile_timeout"] == 12.5
+        assert adaptive.configure() == {**saved, "compile_timeout": 12.5}
+    finally:
+        adaptive.configure(**saved)
     assert torchneuron.get_adaptive_metrics().keys() >= {
         "segments", "distinct_segments", "hot", "compiled", "replays", "ops_per_replay", "launches_saved",
         "compile_seconds", "failures"}
@@ -494,7 +522,7 @@ def test_the_compiler_process_exits_quietly_when_the_program_is_gone(tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=dict(os.environ, TORCHNEURON_ADAPTIVE_CACHE_DIR=str(tmp_path)))
     child.stdout.close()  # the program is gone before the answer
-    _engine._send(child.stdin, ("a-key", {}))  # not a segment: fails at once
+    _engine._send(child.stdin, ("a-key", {}, {}, 60.0))  # not a segment: fails at once
     child.stdin.close()
     assert child.wait(timeout=120) == 0
     assert child.stderr.read().decode() == ""

@@ -19,11 +19,12 @@
 
 namespace torchneuron::adaptive {
 
-// Tunables, from TORCHNEURON_ADAPTIVE_HOT, _MAX_OPS and _IDLE_MS at start-up.
+// Tunables, from TORCHNEURON_ADAPTIVE_* at start-up (runtime::Config).
 struct Settings {
   std::atomic<int64_t> hot;      // occurrences that make a segment hot (compiled)
   std::atomic<int64_t> max_ops;  // a segment flushes when it holds this many ops
   std::atomic<int64_t> idle_ns;  // ... or when nothing was deferred to it for this long
+  std::atomic<int64_t> compile_timeout_ms;  // the compiler gives up on a segment after this long
 };
 Settings& settings();
 

@@ -24,6 +24,7 @@
 
 #include "../backend/Current.h"
 #include "../profiler/Recorder.h"
+#include "../runtime/Config.h"
 #include "Adaptive.h"
 #include "Collector.h"
 #include "Engine.h"
@@ -34,16 +35,6 @@ namespace torchneuron::adaptive {
 namespace py = pybind11;
 
 namespace {
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoll(v, nullptr, 10) : fallback;
-}
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -248,13 +239,15 @@ const bool registered = [] {
 }  // namespace
 
 Settings& settings() {
-  static auto* s = new Settings{{std::max<int64_t>(1, env_int("TORCHNEURON_ADAPTIVE_HOT", 2))},
-                                {std::max<int64_t>(1, env_int("TORCHNEURON_ADAPTIVE_MAX_OPS", 1024))},
-                                {env_int("TORCHNEURON_ADAPTIVE_IDLE_MS", 5) * 1000000}};
+  static auto* s = [] {
+    const runtime::Config& c = runtime::config();
+    return new Settings{{c.adaptive_hot}, {c.adaptive_max_ops}, {int64_t(c.adaptive_idle_ms * 1e6)},
+                        {int64_t(c.adaptive_compile_timeout_s * 1e3)}};
+  }();
   return *s;
 }
 
-std::atomic<bool> g_enabled{env_flag("TORCHNEURON_ADAPTIVE_EAGER")};
+std::atomic<bool> g_enabled{runtime::config().adaptive_eager};
 
 OpByOpFlushes::OpByOpFlushes() { ++t_op_by_op; }
 OpByOpFlushes::~OpByOpFlushes() { --t_op_by_op; }

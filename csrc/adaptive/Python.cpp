@@ -13,15 +13,19 @@ void bind(py::module& m) {
   m.def("_adaptive_set_engine", &set_engine);
   m.def("_adaptive_settings", [] {
     auto& s = settings();
-    return py::make_tuple(s.hot.load(), s.max_ops.load(), double(s.idle_ns.load()) / 1e6);
+    return py::make_tuple(s.hot.load(), s.max_ops.load(), double(s.idle_ns.load()) / 1e6,
+                          double(s.compile_timeout_ms.load()) / 1e3);
   });
-  m.def("_adaptive_configure", [](int64_t hot, int64_t max_ops, double idle_ms) {
-    TORCH_CHECK(hot >= 1 && max_ops >= 1 && idle_ms > 0, "adaptive eager: hot and max_ops must be at least 1 and "
-                "idle_ms positive, got hot=", hot, ", max_ops=", max_ops, ", idle_ms=", idle_ms);
+  m.def("_adaptive_configure", [](int64_t hot, int64_t max_ops, double idle_ms, double compile_timeout) {
+    TORCH_CHECK_VALUE(hot >= 1 && max_ops >= 1 && idle_ms > 0 && compile_timeout > 0,
+                      "adaptive eager: hot and max_ops must be at least 1, idle_ms and compile_timeout positive; "
+                      "got hot=", hot, ", max_ops=", max_ops, ", idle_ms=", idle_ms, ", compile_timeout=",
+                      compile_timeout);
     auto& s = settings();
     s.hot = hot;
     s.max_ops = max_ops;
     s.idle_ns = int64_t(idle_ms * 1e6);
+    s.compile_timeout_ms = std::max<int64_t>(1, int64_t(compile_timeout * 1e3));
   });
   m.def("_adaptive_compile_done", &compile_done);
   m.def("_adaptive_metrics", [] {

@@ -22,6 +22,22 @@ int parse_count(const std::string& text) {
   return std::stoi(text);
 }
 
+// The whole of `text` as a positive number (an integer if `integer`);
+// throws std::invalid_argument naming the variable and what it expects.
+double parse_positive(const char* name, const std::string& text, bool integer, const char* unit) {
+  size_t pos = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos != text.size() || !(value > 0) || value > 1e12 || (integer && value != double(int64_t(value))))
+    throw std::invalid_argument(std::string(name) + "='" + text + "': expected a positive " +
+                                (integer ? "integer" : "number") + unit);
+  return value;
+}
+
 Config parse() {
   Config c;
   try {
@@ -61,6 +77,26 @@ Config parse() {
       if (c.worker_threads < 1 || c.worker_threads > 256)
         throw std::invalid_argument("TORCHNEURON_WORKER_THREADS='" + threads + "': expected an integer in [1, 256]");
     }
+
+    std::string adaptive = env("TORCHNEURON_ADAPTIVE_EAGER");
+    c.adaptive_eager = !adaptive.empty() && adaptive != "0";
+    struct Tunable {
+      const char* name;
+      bool integer;
+      const char* unit;
+      double* value;
+    };
+    double hot = double(c.adaptive_hot), max_ops = double(c.adaptive_max_ops);
+    for (const Tunable& t : {Tunable{"TORCHNEURON_ADAPTIVE_HOT", true, "", &hot},
+                             Tunable{"TORCHNEURON_ADAPTIVE_MAX_OPS", true, "", &max_ops},
+                             Tunable{"TORCHNEURON_ADAPTIVE_IDLE_MS", false, " of milliseconds", &c.adaptive_idle_ms},
+                             Tunable{"TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT", false, " of seconds",
+                                     &c.adaptive_compile_timeout_s}}) {
+      std::string text = env(t.name);
+      if (!text.empty()) *t.value = parse_positive(t.name, text, t.integer, t.unit);
+    }
+    c.adaptive_hot = int64_t(hot);
+    c.adaptive_max_ops = int64_t(max_ops);
 
     std::string level = env("TORCHNEURON_LOG_LEVEL");
     if (!level.empty()) c.log_level = std::atoi(level.c_str());

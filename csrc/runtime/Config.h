@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,13 @@ struct Config {
   bool nki_batch = true;            // TORCHNEURON_NKI_BATCH: NKI affine_range loops and grids may run batched
   int log_level = 0;                // TORCHNEURON_LOG_LEVEL (0 = silent)
   int worker_threads = 0;           // TORCHNEURON_WORKER_THREADS: intra-op threads per worker (0: torch's)
+  // Adaptive eager (TORCHNEURON_ADAPTIVE_*): on at start-up, and its tunables'
+  // starting values (torchneuron.adaptive.configure changes them).
+  bool adaptive_eager = false;             // _EAGER
+  int64_t adaptive_hot = 2;                // _HOT: occurrences that make a segment hot
+  int64_t adaptive_max_ops = 1024;         // _MAX_OPS: ops at which a segment flushes
+  double adaptive_idle_ms = 5;             // _IDLE_MS: idle time after which it flushes
+  double adaptive_compile_timeout_s = 300; // _COMPILE_TIMEOUT: longest compile of one segment
   std::string error;                // non-empty when the environment is invalid
 };
 

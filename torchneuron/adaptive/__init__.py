@@ -50,20 +50,26 @@ def enabled(on: bool = True):
         set_enabled(previous)
 
 
-def configure(*, hot: int | None = None, max_ops: int | None = None, idle_ms: float | None = None) -> dict:
+def configure(*, hot: int | None = None, max_ops: int | None = None, idle_ms: float | None = None,
+              compile_timeout: float | None = None) -> dict:
     """Sets the mode's tunables and returns them all.
 
     ``hot``: occurrences after which a segment is compiled (default 2,
     ``TORCHNEURON_ADAPTIVE_HOT``); ``max_ops``: ops after which a segment
     flushes (1024, ``TORCHNEURON_ADAPTIVE_MAX_OPS``); ``idle_ms``: how long the
     host may issue no work before the pending segment flushes (5 ms,
-    ``TORCHNEURON_ADAPTIVE_IDLE_MS``).
+    ``TORCHNEURON_ADAPTIVE_IDLE_MS``); ``compile_timeout``: seconds after which
+    the compiler gives up on a segment, which then runs op by op (300 s,
+    ``TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT``; it applies to segments that turn
+    hot from now on).
     """
-    current = dict(zip(("hot", "max_ops", "idle_ms"), _C._adaptive_settings()))
-    for name, value in (("hot", hot), ("max_ops", max_ops), ("idle_ms", idle_ms)):
+    names = ("hot", "max_ops", "idle_ms", "compile_timeout")
+    current = dict(zip(names, _C._adaptive_settings()))
+    for name, value in zip(names, (hot, max_ops, idle_ms, compile_timeout)):
         if value is not None:
             current[name] = value
-    _C._adaptive_configure(int(current["hot"]), int(current["max_ops"]), float(current["idle_ms"]))
+    _C._adaptive_configure(int(current["hot"]), int(current["max_ops"]), float(current["idle_ms"]),
+                           float(current["compile_timeout"]))
     return current
 
 

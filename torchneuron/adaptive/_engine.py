@@ -25,22 +25,32 @@ import time
 
 import torch
 
+from torchneuron import _C
+
 from . import _graph
 
 
 @functools.cache
-def inductor_config() -> dict:
-    """Inductor settings of every segment program, the same in the compiling child
-    and the loading parent (they are part of the compile cache's key).
+def _segment_overrides() -> dict:
+    """Inductor settings every segment program is compiled with.
 
     Kernels use the intra-op threads of the device worker that runs them, as eager's
     kernels do. (One thread each, tried first, made a d=128 GPT step's fused program
-    slower than eager: `docs/performance.md`.) The parent hands its count to the child.
+    slower than eager: `docs/performance.md`.)
     """
-    from torchneuron import _C
-
     threads = _C._config()["worker_threads"] or torch.get_num_threads()
     return {"cpp.threads": threads, "fx_graph_cache": True}
+
+
+def compiler_settings() -> dict:
+    """The Inductor config of a segment's program: this process's own (its portable
+    part, which a user may have changed) with the segment overrides on top.
+
+    The compiling child applies exactly these, because the config is part of
+    Inductor's cache key: the parent's load is then a cache hit, not a second
+    compile in this process. They also name the segment on disk.
+    """
+    return {**torch._inductor.config.save_config_portable(), **_segment_overrides()}
 
 
 def cache_dir() -> str:
@@ -73,8 +83,9 @@ def write_index(key: str, entry: dict) -> None:
     os.replace(tmp, path)  # atomic: a reader never sees half an entry
 
 
-def compile_segment(desc: dict):
-    """Inductor's compile of a segment's graph, for the neuron device."""
+def compile_segment(desc: dict, settings: dict):
+    """Inductor's compile of a segment's graph, for the neuron device, with the
+    Inductor config `settings` (``compiler_settings()``)."""
     from torch._inductor.compile_fx import compile_fx
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -88,7 +99,7 @@ def compile_segment(desc: dict):
     # A tracing context with the fake mode: without it Inductor bypasses its
     # FX graph cache, and the parent could not load what the child compiled.
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
-            torch._inductor.config.patch(inductor_config()), torch.no_grad():
+            torch._inductor.config.patch(settings), torch.no_grad():
         return compile_fx(gm, fakes)
 
 
@@ -122,7 +133,8 @@ class Engine:
 
     def submit(self, desc: dict) -> tuple[str, str, str]:
         """A segment turned hot: (key, "ready" | "compiling" | "failed", reason)."""
-        key = _graph.key_of(desc, (torch.__version__, sorted(inductor_config().items())))
+        settings = compiler_settings()
+        key = _graph.key_of(desc, (torch.__version__, sorted(settings.items())))
         entry = read_index(key)
         if entry is not None:
             return (key, "ready", "") if entry["ok"] else (key, "failed", entry["reason"])
@@ -133,20 +145,19 @@ class Engine:
         with self._lock:
             child = self._ensure_child()
             self._waiting.add(key)
-            _send(child.stdin, (key, desc))
+            _send(child.stdin, (key, desc, settings, _C._adaptive_settings()[3]))
         return key, "compiling", ""
 
     def load(self, key: str, desc: dict):
         """The segment's program, from the compile cache the child filled."""
-        return _program(compile_segment(desc))
+        return _program(compile_segment(desc, compiler_settings()))
 
     # ---- the compiling child ---------------------------------------------------
 
     def _ensure_child(self) -> subprocess.Popen:
         if self._child is not None and self._child.poll() is None:
             return self._child
-        env = dict(os.environ, TORCHNEURON_ADAPTIVE_EAGER="0",
-                   TORCHNEURON_WORKER_THREADS=str(inductor_config()["cpp.threads"]))
+        env = dict(os.environ, TORCHNEURON_ADAPTIVE_EAGER="0")
         self._child = subprocess.Popen([sys.executable, "-m", "torchneuron.adaptive._worker"],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         threading.Thread(target=self._read_answers, args=(self._child,), daemon=True,
@@ -154,8 +165,6 @@ class Engine:
         return self._child
 
     def _read_answers(self, child: subprocess.Popen) -> None:
-        from torchneuron import _C
-
         while True:
             try:
                 answer = _receive(child.stdout)

@@ -1,16 +1,18 @@
 """The compiling child of adaptive eager (see ``_engine.py``).
 
-Reads ``(key, description)`` requests on stdin, compiles each segment with
-Inductor (filling the compile cache), records the outcome in the segment
-index and answers ``(key, ok, seconds, reason)`` on stdout. It runs at a
-lower priority than the program it compiles for.
+Reads ``(key, description, inductor_config, time_limit)`` requests on stdin,
+compiles each segment with Inductor under the parent's config (filling the
+compile cache), records the outcome in the segment index and answers ``(key,
+ok, seconds, reason)`` on stdout. It runs at a lower priority than the
+program it compiles for.
 
-A compile that takes longer than ``TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT``
-seconds (default 300) is abandoned: the child compiles one segment at a time,
-so one huge segment (ten optimizer steps without a synchronisation between
-them took 15 minutes) would otherwise hold back every segment behind it. The
-timeout is reported as the segment's failure but not recorded in the index:
-another process, on a quieter machine, may try again.
+A compile that takes longer than its time limit (``compile_timeout`` of
+``torchneuron.adaptive.configure``, 300 s by default) is abandoned: the child
+compiles one segment at a time, so one huge segment (ten optimizer steps
+without a synchronisation between them took 15 minutes) would otherwise hold
+back every segment behind it. The timeout is reported as the segment's
+failure but not recorded in the index: another process, on a quieter
+machine, may try again.
 """
 
 from __future__ import annotations
@@ -25,17 +27,6 @@ class CompileTimeout(BaseException):  # not an Exception: the compiler must not 
     pass
 
 
-def _timeout() -> float:
-    value = os.environ.get("TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT", "300")
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if seconds <= 0:
-        raise SystemExit(f"TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT must be a positive number of seconds, got {value!r}")
-    return seconds
-
-
 def main() -> None:
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # compiler chatter must not reach the answer pipe
@@ -45,22 +36,23 @@ def main() -> None:
         pass
     from torchneuron.adaptive import _engine
 
-    limit = _timeout()
+    limit = 0.0
 
     def abandon(signum, frame):
-        raise CompileTimeout(f"the compile took longer than {limit:g} s (TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT)")
+        raise CompileTimeout(f"the compile took longer than {limit:g} s (the compile_timeout of "
+                             "torchneuron.adaptive.configure, TORCHNEURON_ADAPTIVE_COMPILE_TIMEOUT)")
 
     signal.signal(signal.SIGALRM, abandon)
     while True:
         request = _engine._receive(requests)
         if request is None:
             return
-        key, desc = request
+        key, desc, settings, limit = request
         start = time.perf_counter()
         persist = True
         signal.setitimer(signal.ITIMER_REAL, limit)
         try:
-            _engine.compile_segment(desc)
+            _engine.compile_segment(desc, settings)
             ok, reason = True, ""
         except CompileTimeout as error:
             ok, reason, persist = False, f"CompileTimeout: {error}", False
