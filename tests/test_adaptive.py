@@ -217,10 +217,13 @@ def _mlp():
                                torch.nn.Linear(32, 4))
 
 
-def _train(device: str, steps: int, adaptive_on: bool, schedule: bool = False):
+def _train(device: str, steps: int, adaptive_on: bool, schedule: bool = False, optimizer: str = "adamw"):
     model = _mlp().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    # A learning rate that changes every step (so does AdamW's weight-decay factor).
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    else:  # its update is _foreach_add_(params, buffers, alpha=-lr)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-1, momentum=0.9, weight_decay=1e-2, foreach=True)
+    # A learning rate that changes every step (so do AdamW's weight-decay factor and SGD's alpha).
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1 / (1 + step)) if schedule else None
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(8, 16, generator=gen).to(device)
@@ -261,11 +264,12 @@ def test_fifty_training_steps_match_eager_and_cpu_and_replay_as_one_task():
     assert memory == eager_memory
 
 
-def test_a_learning_rate_schedule_keeps_the_step_recurring():
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_learning_rate_schedule_keeps_the_step_recurring(optimizer):
     # The optimizer's scalars that follow the learning rate are lifted out of the
     # segment's signature, so every step is the same compiled segment.
-    eager_losses, eager_params, _ = _train("neuron", 12, False, schedule=True)
-    losses, params, _ = _train("neuron", 12, True, schedule=True)
+    eager_losses, eager_params, _ = _train("neuron", 12, False, schedule=True, optimizer=optimizer)
+    losses, params, _ = _train("neuron", 12, True, schedule=True, optimizer=optimizer)
     m = adaptive.get_metrics()
     assert m["failures"] == [], m["failures"]
     assert m["replays"] >= 8 and m["distinct_segments"] <= 3, m

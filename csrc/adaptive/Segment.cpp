@@ -131,10 +131,16 @@ void Segment::sign(const c10::IValue& v) {
 bool Segment::lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, size_t index, ArgRecord& arg) {
   const auto& schema = op.schema();
   if (schema.name().rfind("aten::_foreach_", 0) != 0 || args.empty() || !args[0].isTensorList()) return false;
-  // The program builder takes the scalars from the op's last positional argument.
+  // The program builder takes the scalars from the op's last positional
+  // argument, or from the alpha of _foreach_add/_sub(self, other, alpha=)
+  // (SGD's -lr).
   const auto& arguments = schema.arguments();
-  if (arguments[index].kwarg_only() || (index + 1 < arguments.size() && !arguments[index + 1].kwarg_only()))
-    return false;
+  const bool last_positional =
+      !arguments[index].kwarg_only() && (index + 1 == arguments.size() || arguments[index + 1].kwarg_only());
+  const bool alpha = arguments[index].kwarg_only() && arguments[index].name() == "alpha" &&
+                     (schema.name().rfind("aten::_foreach_add", 0) == 0 ||
+                      schema.name().rfind("aten::_foreach_sub", 0) == 0);
+  if (!last_positional && !alpha) return false;
   auto tensors = args[0].toTensorList();
   if (tensors.size() == 0) return false;
   std::vector<double> values;

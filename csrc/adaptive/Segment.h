@@ -122,8 +122,8 @@ struct Segment {
  private:
   TensorRef reference(const at::Tensor& t);
   // The scalars of a _foreach_ op's last positional argument, a Scalar[] or
-  // a float (one scalar for every tensor), lifted; false if they must stay
-  // constants.
+  // a float (one scalar for every tensor), or the float alpha of
+  // _foreach_add/_sub, lifted; false if they must stay constants.
   bool lift(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, size_t index, ArgRecord& arg);
   void sign(const TensorRef& ref);
   void sign(const c10::IValue& constant);

@@ -12,7 +12,8 @@ as plain data:
   writes exactly those back;
 - ``lifted``: ``(dtype, length)`` per lifted scalar list: the per-tensor
   scalars of a ``_foreach_`` op (an optimizer's bias corrections change every
-  step), which reach the program as a tensor so that the segment recurs;
+  step; so does SGD's ``alpha=-lr`` under a schedule), which reach the program
+  as a tensor so that the segment recurs;
 - ``ops``: ``(name, overload, args, returns)`` per op, in launch order. An
   argument is ``("constant", value)``, ``("tensor", ref)``,
   ``("list", [ref or None, ...])`` or ``("lifted", index)``; a ref is ``("input" | "value", index,
@@ -60,8 +61,10 @@ _BINARY = {"add": aten.add.Tensor, "sub": aten.sub.Tensor, "mul": aten.mul.Tenso
 _POINTWISE = {"addcdiv": aten.div.Tensor, "addcmul": aten.mul.Tensor}
 
 
-def _foreach_with_lifted_scalars(graph, name: str, args: list, scalars) -> list:
-    """The per-tensor results (in-place ops: the updated tensors)."""
+def _foreach_with_lifted_scalars(graph, name: str, args: list, scalars, alpha: bool) -> list:
+    """The per-tensor results (in-place ops: the updated tensors). `args` are the
+    positional arguments other than the scalars; `alpha`: the scalars are the
+    alpha of _foreach_add/_sub(self, other, alpha=), self ± alpha * other."""
     base = name.split("::")[1][len("_foreach_"):]
     in_place = base.endswith("_")
     base = base.rstrip("_")
@@ -69,7 +72,11 @@ def _foreach_with_lifted_scalars(graph, name: str, args: list, scalars) -> list:
     results = []
     for i, x in enumerate(tensors):
         s = graph.call_function(aten.select.int, (scalars, 0, i))
-        if base in _BINARY:
+        if alpha:
+            other = args[1][i] if isinstance(args[1], list) else args[1]
+            scaled = graph.call_function(aten.mul.Tensor, (other, s))
+            value = graph.call_function(aten.add.Tensor if base == "add" else aten.sub.Tensor, (x, scaled))
+        elif base in _BINARY:
             value = graph.call_function(_BINARY[base], (x, s))
         elif base in _POINTWISE:  # self + scalar * (t1 op t2), as the kernel computes it
             t = graph.call_function(_POINTWISE[base], (args[1][i], args[2][i]))
@@ -123,7 +130,9 @@ def build(desc: dict) -> torch.fx.GraphModule:
                 positional.append(value)
         schema_returns = op._schema.returns
         if scalars is not None:
-            results = _foreach_with_lifted_scalars(graph, name, positional[:-1], scalars)
+            alpha = keywords.get("alpha") is scalars
+            results = _foreach_with_lifted_scalars(graph, name, positional if alpha else positional[:-1], scalars,
+                                                   alpha)
             for position, created in enumerate(returns):
                 for k, v in enumerate(created):
                     if v >= 0:
