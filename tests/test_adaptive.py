@@ -308,6 +308,21 @@ def test_intermediates_nothing_references_are_not_written_and_live_ones_are():
     torch.testing.assert_close(out.cpu(), (xc.sin() * 3 + xc.sin()).cos())
 
 
+def test_advanced_indexing_with_none_entries_and_views_replays_like_eager():
+    # x[:, idx] is aten::index with indices [None, idx] (a Tensor?[]); x.t()[2]
+    # is a view of an input with its own layout.
+    x = torch.randn(7, 8, device="neuron")
+    idx = torch.tensor([7, 0, 3], device="neuron")
+
+    def step(x, idx):
+        return (x[:, idx] * 2).sum(1) + x.t()[2]
+
+    out = _hot(step, x, idx)
+    assert adaptive.get_metrics()["failures"] == []
+    xc = x.cpu()
+    torch.testing.assert_close(out.cpu(), (xc[:, idx.cpu()] * 2).sum(1) + xc.t()[2])
+
+
 def test_an_error_inside_a_fused_program_is_reported_as_eager_reports_it():
     table = torch.randn(10, 4, device="neuron")
 
