@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 
 import torch
-from torch._inductor.codecache import CppPythonBindingsCodeCache
+from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+from torch._inductor.codecache import CppPythonBindingsCodeCache, LambdaFuture
 from torch._inductor.codegen.common import register_backend_for_device, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
@@ -186,11 +187,19 @@ class NeuronKernelCodeCache(CppPythonBindingsCodeCache):
             members=", ".join(f"a->a{i}" for i in range(len(types))),
             parsed=", ".join(f"parse_arg<{t}>(args, {i + 1})" for i, t in enumerate(types)),
         )
-        return getattr(cls.load_async(source + binding, "cpu")(), "kernel")
+        # Compiled on Inductor's compile threads, as its own C++ kernels are: the
+        # generated module's async_compile.wait(globals()) resolves the future.
+        # (Compiling each kernel as the module defines it made a 48-kernel
+        # program wait for 48 compiles one after another.)
+        get_result = cls.load_async(source + binding, "cpu", submit_fn=AsyncCompile.submit)
+        if get_compile_threads() <= 1:
+            return get_result().kernel
+        return LambdaFuture(lambda: get_result().kernel)
 
 
 def load_kernel(name: str, argtypes: list[str], source: str):
-    """Compiles (or fetches from the caches) a neuron kernel; returns its launcher."""
+    """Compiles (or fetches from the caches) a neuron kernel; returns its launcher, or a
+    future of it when Inductor compiles on several threads."""
     return NeuronKernelCodeCache.load_kernel(name, argtypes, source)
 
 
