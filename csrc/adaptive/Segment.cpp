@@ -15,9 +15,10 @@ int64_t bits(double d) {
   return b;
 }
 
-bool same_layout(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
-         a.storage_offset() == b.storage_offset();
+bool same_layout(const at::Tensor& t, c10::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                 int64_t offset) {
+  return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+         t.storage_offset() == offset;
 }
 
 void sign_layout(std::vector<int64_t>& sig, const Layout& l) {
@@ -35,10 +36,7 @@ Layout Layout::of(const at::Tensor& t) {
                 t.storage_offset()};
 }
 
-bool Layout::matches(const at::Tensor& t) const {
-  return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
-         t.storage_offset() == offset;
-}
+bool Layout::matches(const at::Tensor& t) const { return same_layout(t, dtype, sizes, strides, offset); }
 
 void Segment::clear() {
   ops.clear();
@@ -79,7 +77,13 @@ TensorRef Segment::reference(const at::Tensor& t) {
   }
   ref.kind = it->second.kind;
   ref.index = it->second.index;
-  bool same = ref.kind == TensorRef::kInput ? same_layout(inputs[ref.index], t) : values[ref.index].layout.matches(t);
+  bool same;
+  if (ref.kind == TensorRef::kInput) {
+    const at::Tensor& base = inputs[ref.index];
+    same = same_layout(t, base.scalar_type(), base.sizes(), base.strides(), base.storage_offset());
+  } else {
+    same = values[ref.index].layout.matches(t);
+  }
   if (!same) {  // only views carry their layout
     ref.view = int32_t(views.size());
     views.push_back(Layout::of(t));

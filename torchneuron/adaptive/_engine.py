@@ -145,7 +145,8 @@ class Engine:
         with self._lock:
             child = self._ensure_child()
             self._waiting.add(key)
-            _send(child.stdin, (key, desc, settings, _C._adaptive_settings()[3]))
+            _hot, _max_ops, _idle_ms, time_limit = _C._adaptive_settings()
+            _send(child.stdin, (key, desc, settings, time_limit))
         return key, "compiling", ""
 
     def load(self, key: str, desc: dict):
