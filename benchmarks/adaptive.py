@@ -1,8 +1,10 @@
 """Adaptive eager vs neuron eager and CPU eager, one run (issue 8).
 
-- Small GPT training (seq 64, batch 8, AdamW): steady state after warm-up,
-  and the warm-up cost: steps and seconds until the first replay of a
-  compiled segment (compiled from scratch: a fresh compile cache).
+- Small GPT training (seq 64, batch 8, AdamW): steady state after warm-up vs
+  neuron eager, CPU eager, and the same step under torch.compile(backend="neuron")
+  (loss and optimizer step: what the compiler makes of it with whole graphs), and
+  the warm-up cost: steps and seconds until the first replay of a compiled
+  segment (compiled from scratch: a fresh compile cache).
 - AdamW (foreach) step over 40 parameters of 128x128, each step its own
   segment (a stream query ends it, in both modes; without one, ten steps
   would be one segment, a different program that takes minutes to compile).
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -54,6 +57,8 @@ def gpt(d: int, steps: int, rounds: int, limit_s: float) -> list[dict]:
     adaptive.reset()
     neuron, fused, cpu = (make_loop("neuron", d, steps), make_loop("neuron", d, steps),
                           make_loop("cpu", d, steps))
+    neuron_compile = functools.partial(torch.compile, backend="neuron")
+    compiled = make_loop("neuron", d, steps, compile_loss=neuron_compile, compile_step=neuron_compile)
     single = make_loop("neuron", d, 1)
     warm_steps, warm_s = warm_up(single, limit_s)
     adaptive.wait_for_compiles(limit_s)
@@ -70,6 +75,12 @@ def gpt(d: int, steps: int, rounds: int, limit_s: float) -> list[dict]:
     a_s, c_s = interleaved(in_mode(True, fused), cpu, rounds=rounds)
     rows.append(report("adaptive", f"gpt_d{d}", "tokens_per_s", tokens / a_s, "cpu_eager", tokens / c_s,
                        higher_is_better=True))
+    start = time.perf_counter()
+    compiled()  # compiles
+    compile_s = time.perf_counter() - start
+    a_s, t_s = interleaved(in_mode(True, fused), compiled, rounds=rounds)
+    rows.append(report("adaptive", f"gpt_d{d}", "tokens_per_s", tokens / a_s, "neuron_torch_compile", tokens / t_s,
+                       higher_is_better=True, torch_compile_first_run_seconds=round(compile_s, 1)))
     return rows
 
 

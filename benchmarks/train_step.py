@@ -23,8 +23,9 @@ from torchneuron.demo import GPT  # noqa: E402
 VOCAB, LAYERS, HEADS, CONTEXT, BATCH = 96, 4, 4, 64, 8
 
 
-def make_loop(device: str, d_model: int, steps: int, compile_loss=None):
-    """A training loop; `compile_loss` (e.g. a torch.compile partial) wraps the loss computation."""
+def make_loop(device: str, d_model: int, steps: int, compile_loss=None, compile_step=None):
+    """A training loop; `compile_loss` and `compile_step` (e.g. torch.compile partials) wrap the
+    loss computation and the optimizer step."""
     torch.manual_seed(0)
     model = GPT(VOCAB, d_model=d_model, n_layer=LAYERS, n_head=HEADS, context=CONTEXT).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -35,6 +36,7 @@ def make_loop(device: str, d_model: int, steps: int, compile_loss=None):
         return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
     step_loss = compile_loss(loss_of) if compile_loss else loss_of
+    optimizer_step = compile_step(opt.step) if compile_step else opt.step
 
     def run() -> float:
         """Seconds per step over `steps` steps, ending with the device idle."""
@@ -44,7 +46,7 @@ def make_loop(device: str, d_model: int, steps: int, compile_loss=None):
             loss = step_loss(chunk[:, :-1], chunk[:, 1:])
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            optimizer_step()
         loss.item()  # waits for the device
         return (time.perf_counter() - t0) / steps
 
