@@ -348,18 +348,24 @@ def test_an_error_inside_a_fused_program_is_reported_as_eager_reports_it():
     torch.testing.assert_close(lookup(good).cpu(), (torch.index_select(table.cpu() * 2, 0, good.cpu()) + 1).sum(0))
 
 
-def test_a_program_that_launches_a_synchronous_op_runs_that_occurrence_op_by_op(monkeypatch):
+@pytest.mark.parametrize("where", ["first", "after its kernels"])
+def test_a_program_that_launches_a_synchronous_op_runs_that_occurrence_op_by_op(monkeypatch, where):
     """A fused program cannot take a synchronous op into its one task (the op
     would wait for that task): the occurrence is aborted and runs op by op,
-    counted as aborted and not as a failure."""
+    counted as aborted and not as a failure, also when the program collected
+    kernels before it (they are not the whole segment)."""
     real_load = adaptive._ENGINE.load
 
     def load(key, desc):
         program = real_load(key, desc)
 
         def synchronising(tensors):
-            torch.nonzero(tensors[0])  # data-dependent: runs synchronously
-            return program(tensors)
+            if where == "first":
+                torch.nonzero(tensors[0])  # data-dependent: runs synchronously
+            result = program(tensors)
+            if where != "first":
+                torch.nonzero(tensors[0])
+            return result
         return synchronising
 
     monkeypatch.setattr(adaptive._ENGINE, "load", load)
@@ -374,6 +380,38 @@ def test_a_program_that_launches_a_synchronous_op_runs_that_occurrence_op_by_op(
     m = adaptive.get_metrics()
     assert m["replays"] == 0 and m["aborted_replays"] >= 1 and m["failures"] == [], m
     torch.testing.assert_close(out.cpu(), chain(x.cpu()))
+
+
+@pytest.mark.parametrize("change", ["t_()", ".data ="])
+def test_an_input_changed_on_the_host_before_the_flush_is_read_as_recorded(change):
+    """A segment takes its inputs' layout and storage when an op is recorded: a
+    host-side change of the tensor object before the flush (an in-place
+    transpose, `.data =`) does not reach the ops recorded before it, as in eager."""
+    w = torch.randn(4, 4, device="neuron")
+    v = torch.randn(4, device="neuron")
+    other = torch.randn(4, 4, device="neuron")
+    expected = (w.cpu() * 2 + v.cpu()).relu()
+
+    def step():
+        y = (w * 2 + v).relu()
+        if change == "t_()":
+            w.t_()
+            out = y.cpu()  # flushes, with w transposed
+            w.t_()
+        else:
+            kept, w.data = w.data, other
+            out = y.cpu()  # flushes, with w on other's storage
+            w.data = kept
+        return out
+
+    warm(step)
+    with adaptive.enabled():
+        for i in range(6):
+            torch.testing.assert_close(step(), expected, rtol=0, atol=0)
+            if i == 1:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+    m = adaptive.get_metrics()
+    assert m["replays"] >= 2 and m["failures"] == [], m
 
 
 def test_a_segment_that_cannot_be_compiled_runs_op_by_op_with_its_reason():

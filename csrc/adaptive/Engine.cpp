@@ -220,24 +220,6 @@ std::vector<std::tuple<std::string, size_t, std::string>> failures() {
   return out;
 }
 
-at::Tensor alias(c10::Storage storage, c10::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                 int64_t offset) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                    c10::scalarTypeToTypeMeta(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
-  return t;
-}
-
-at::Tensor alias(const at::Tensor& t) {
-  return alias(t.storage(), t.scalar_type(), t.sizes(), t.strides(), t.storage_offset());
-}
-
-at::Tensor value_tensor(const Value& v) {
-  const Layout& l = v.layout;
-  return alias(c10::Storage(v.storage.lock()), l.dtype, l.sizes, l.strides, l.offset);
-}
-
 py::dict describe(const Segment& seg, const std::vector<bool>& live) {
   py::dict d;
   d["device"] = int(seg.device);

@@ -74,13 +74,6 @@ void reset_states();
 void set_engine(pybind11::object engine);
 bool engine_ready();
 
-// The program's tensors are aliases of the segment's: the same memory and
-// layout, but a version counter and autograd state of their own. The ops
-// bumped the versions of what they write when they were launched; the
-// program must not bump them again, nor record autograd history.
-at::Tensor alias(const at::Tensor& t);
-// An alias over a value's storage with the value's layout.
-at::Tensor value_tensor(const Value& v);
 // The segment as the engine reads it (see torchneuron/adaptive/_graph.py).
 pybind11::dict describe(const Segment& seg, const std::vector<bool>& live);
 

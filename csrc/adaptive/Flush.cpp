@@ -11,6 +11,7 @@
 // it while it waits for the flush mutex: no thread ever waits for the flush
 // mutex while holding the GIL.
 #include <ATen/Context.h>
+#include <c10/core/StreamGuard.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -69,7 +70,9 @@ Pending& pending_of(runtime::Stream& s) {
 
 thread_local bool t_idle_flusher = false;
 thread_local int t_op_by_op = 0;  // OpByOpFlushes scopes
-thread_local const runtime::Stream* t_flushing = nullptr;
+// The streams this thread is flushing, outermost first (a program's
+// allocation may wait for the device, which flushes the other streams).
+thread_local std::vector<const runtime::Stream*> t_flushing;
 
 bool python_usable() {
   return engine_ready() && !t_idle_flusher && t_op_by_op == 0 && !runtime::on_worker_thread() && Py_IsInitialized() &&
@@ -123,33 +126,45 @@ std::string replaced_ops(const Segment& seg) {
 // Runs the compiled program of `seg` on the host, collecting the tasks it
 // launches, and enqueues them as one task. False if this occurrence must run
 // op by op instead.
-bool replay(runtime::Stream& s, Segment& seg, const std::vector<bool>& live, SegmentState& state) {
+bool replay(runtime::Stream& s, Segment& seg, const std::vector<c10::Storage>& live, SegmentState& state) {
   Collector collector;
   std::string failure;
+  bool aborted = false;
   {
+    // The program allocates its buffers (and uploads its scalars) on the
+    // current stream, which must be the segment's: a synchronize(), an
+    // .item() or a wait_stream() flushes other streams' segments too, and
+    // memory ordered on the flushing thread's stream could be reused there
+    // before the fused task has run.
+    c10::StreamGuard on_segment_stream(
+        c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, seg.device), s.id()));
     py::gil_scoped_acquire gil;
     py::list tensors;
-    for (const auto& t : seg.inputs) tensors.append(alias(t));
-    t_collector = &collector;
+    for (const auto& t : seg.inputs) tensors.append(t);
+    // Saved and restored, not cleared: a flush nested in the program (an
+    // allocation that waits for the device flushes other streams) has its own.
+    Collector* const outer = std::exchange(t_collector, &collector);
     try {
       // Uploaded as part of the fused task (the copies are collected).
       for (const auto& t : seg.lifted) tensors.append(t.to(c10::Device(c10::DeviceType::PrivateUse1, seg.device)));
       for (size_t v = 0; v < live.size(); ++v)
-        if (live[v]) tensors.append(value_tensor(seg.values[v]));
+        if (live[v]) tensors.append(alias(live[v], seg.values[v].layout));
       state.call(tensors);
     } catch (py::error_already_set& e) {
       failure = e.what();
     } catch (const std::exception& e) {
       failure = e.what();
     }
-    if (collector.aborted) failure.clear();
-    bool ok = t_collector == &collector && collector.tasks.size() > 0;
-    t_collector = nullptr;
+    t_collector = outer;
+    // The program launched a synchronous op: what it collected so far is not
+    // the whole segment.
+    aborted = collector.aborted;
+    if (aborted) failure.clear();
     if (!failure.empty()) {
       state.fail("its compiled program failed on the host: " + failure);
       return false;
     }
-    if (!ok) {
+    if (aborted || collector.tasks.empty()) {
       metrics().aborted_replays++;
       return false;
     }
@@ -181,7 +196,7 @@ bool replay(runtime::Stream& s, Segment& seg, const std::vector<bool>& live, Seg
   m.replays++;
   m.ops_replayed += int64_t(seg.ops.size());
   m.launches_saved += int64_t(seg.ops.size()) - 1;
-  for (bool l : live) m.intermediates_elided += !l;
+  for (const auto& l : live) m.intermediates_elided += !l;
   return true;
 }
 
@@ -197,17 +212,21 @@ void run(runtime::Stream& s, Segment& seg) {
     m.count_op_by_op(why);
     return run_op_by_op(s, seg);
   }
-  std::vector<bool> live = seg.live_values();
+  std::vector<c10::Storage> live = seg.live_values();
+  std::vector<bool> is_live(live.size());
+  for (size_t v = 0; v < live.size(); ++v) is_live[v] = bool(live[v]);
   seg.signature.push_back(-2);
-  for (bool l : live) seg.signature.push_back(l);
+  seg.signature.insert(seg.signature.end(), is_live.begin(), is_live.end());
   std::shared_ptr<SegmentState> state = state_of(seg.signature);
-  if (!state->advance(seg, live)) return run_op_by_op(s, seg);
+  if (!state->advance(seg, is_live)) return run_op_by_op(s, seg);
   if (!replay(s, seg, live, *state)) run_op_by_op(s, seg);
 }
 
 // The runtime's deferred-work flusher.
 void flush(runtime::Stream& s) {
-  if (t_flushing == &s) return;  // the program of a segment of this stream is running: it collects
+  // This thread is running this stream's segment (its program collects what
+  // it launches); its flush mutex is held, below.
+  if (std::find(t_flushing.begin(), t_flushing.end(), &s) != t_flushing.end()) return;
   Pending& p = pending_of(s);
   lock_without_gil(p.flush_mutex);
   std::lock_guard<std::mutex> flushing(p.flush_mutex, std::adopt_lock);
@@ -216,17 +235,24 @@ void flush(runtime::Stream& s) {
     std::lock_guard<std::mutex> lock(p.mutex);
     if (p.segment.empty()) return s.clear_deferred();
     seg = std::exchange(p.segment, std::move(p.spare));
-    s.clear_deferred();
   }
-  const runtime::Stream* outer = t_flushing;
-  t_flushing = &s;
+  // The stream stays marked until the segment's tasks are enqueued: another
+  // thread's synchronize() or launch meanwhile waits for this flush (on the
+  // flush mutex) instead of passing it.
+  auto unmark_if_empty = [&] {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (p.segment.empty()) s.clear_deferred();
+  };
+  t_flushing.push_back(&s);
   try {
     run(s, seg);
   } catch (...) {
-    t_flushing = outer;
+    t_flushing.pop_back();
+    unmark_if_empty();
     throw;
   }
-  t_flushing = outer;
+  t_flushing.pop_back();
+  unmark_if_empty();
   seg.clear();
   p.spare = std::move(seg);
 }

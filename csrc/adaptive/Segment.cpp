@@ -38,6 +38,16 @@ Layout Layout::of(const at::Tensor& t) {
 
 bool Layout::matches(const at::Tensor& t) const { return same_layout(t, dtype, sizes, strides, offset); }
 
+at::Tensor alias(c10::Storage storage, const Layout& layout) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                    c10::scalarTypeToTypeMeta(layout.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(layout.sizes, layout.strides, layout.offset);
+  return t;
+}
+
+at::Tensor alias(const at::Tensor& t) { return alias(t.storage(), Layout::of(t)); }
+
 void Segment::clear() {
   ops.clear();
   args.clear();
@@ -67,7 +77,7 @@ TensorRef Segment::reference(const at::Tensor& t) {
   if (it == by_storage.end()) {
     ref.kind = TensorRef::kInput;
     ref.index = int32_t(inputs.size());
-    inputs.push_back(t);
+    inputs.push_back(alias(t));
     by_storage.emplace(storage, ref);
     signature.push_back(-1);  // a new input and its layout
     signature.push_back(t.device().index());
@@ -234,9 +244,9 @@ void Segment::append(const c10::OperatorHandle& op, std::string_view name, c10::
   ops.push_back(std::move(rec));
 }
 
-std::vector<bool> Segment::live_values() const {
-  std::vector<bool> live(values.size());
-  for (size_t i = 0; i < values.size(); ++i) live[i] = !values[i].storage.expired();
+std::vector<c10::Storage> Segment::live_values() const {
+  std::vector<c10::Storage> live(values.size());
+  for (size_t i = 0; i < values.size(); ++i) live[i] = c10::Storage(values[i].storage.lock());
   return live;
 }
 

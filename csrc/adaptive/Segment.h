@@ -7,7 +7,9 @@
 // op, view of either) and a structural signature of the whole run, so that a
 // recurring segment can be recognised and replaced by one compiled program.
 //
-// The segment holds its inputs strongly (they must exist when it runs) but
+// The segment holds its inputs strongly (they must exist when it runs), as
+// aliases taken when the op was recorded (the user's tensor object may be
+// restrided or given other storage, `t_()`, `.data =`, before the flush), but
 // the results of its ops only weakly: a result the program no longer
 // references when the segment flushes is an intermediate the compiled
 // program need not write back.
@@ -92,7 +94,7 @@ struct Segment {
   std::vector<TensorRef> refs;
   std::vector<Span> results;
   std::vector<int32_t> created;
-  std::vector<at::Tensor> inputs;  // one per device storage read from outside the segment
+  std::vector<at::Tensor> inputs;  // aliases, one per device storage read from outside the segment
   std::vector<at::Tensor> lifted;  // CPU tensors of lifted scalars
   std::vector<Value> values;
   std::vector<Layout> views;
@@ -116,8 +118,10 @@ struct Segment {
   void append(const c10::OperatorHandle& op, std::string_view name, c10::ArrayRef<c10::IValue> args,
               c10::ArrayRef<c10::IValue> returns, runtime::Stream::Task eager_task,
               std::shared_ptr<runtime::TaskRecord> record);
-  // Which values some tensor still references.
-  std::vector<bool> live_values() const;
+  // The storages of the values some tensor still references, null for the
+  // others: strong references, so that a value alive here stays alive until
+  // the segment has run (Python, and its garbage collector, runs in between).
+  std::vector<c10::Storage> live_values() const;
 
  private:
   TensorRef reference(const at::Tensor& t);
@@ -128,5 +132,12 @@ struct Segment {
   void sign(const TensorRef& ref);
   void sign(const c10::IValue& constant);
 };
+
+// The program's tensors are aliases of the segment's: the same memory and
+// layout, but a version counter and autograd state of their own. The ops
+// bumped the versions of what they write when they were launched; the
+// program must not bump them again, nor record autograd history.
+at::Tensor alias(c10::Storage storage, const Layout& layout);
+at::Tensor alias(const at::Tensor& t);
 
 }  // namespace torchneuron::adaptive
