@@ -382,6 +382,39 @@ def test_a_program_that_launches_a_synchronous_op_runs_that_occurrence_op_by_op(
     torch.testing.assert_close(out.cpu(), chain(x.cpu()))
 
 
+def test_a_segment_flushed_from_another_stream_replays_on_its_own(monkeypatch):
+    """A synchronize() on the default stream flushes a side stream's segment: its
+    program must allocate (and order its memory) on the side stream, the one
+    its fused task runs on, not on the flushing thread's current stream."""
+    real_load = adaptive._ENGINE.load
+    seen = []
+
+    def load(key, desc):
+        program = real_load(key, desc)
+
+        def noting_the_stream(tensors):
+            seen.append(torch.neuron.current_stream())
+            return program(tensors)
+        return noting_the_stream
+
+    monkeypatch.setattr(adaptive._ENGINE, "load", load)
+    side = torch.neuron.Stream()
+    x = torch.randn(64, device="neuron")
+    side.wait_stream(torch.neuron.current_stream())
+    with torch.neuron.stream(side):
+        warm(chain, x)
+    with adaptive.enabled():
+        for i in range(5):
+            with torch.neuron.stream(side):
+                out = chain(x)
+            torch.neuron.synchronize()  # from the default stream
+            if i == 1:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+    assert adaptive.get_metrics()["replays"] >= 2 and seen, adaptive.get_metrics()
+    assert all(stream == side for stream in seen), seen
+    torch.testing.assert_close(out.cpu(), chain(x.cpu()))
+
+
 @pytest.mark.parametrize("change", ["t_()", ".data ="])
 def test_an_input_changed_on_the_host_before_the_flush_is_read_as_recorded(change):
     """A segment takes its inputs' layout and storage when an op is recorded: a
