@@ -382,6 +382,49 @@ def test_a_program_that_launches_a_synchronous_op_runs_that_occurrence_op_by_op(
     torch.testing.assert_close(out.cpu(), chain(x.cpu()))
 
 
+@pytest.mark.parametrize("during", ["load", "program"])
+def test_ctrl_c_while_a_segment_loads_or_replays_reaches_the_user_and_loses_no_op(monkeypatch, during):
+    """A KeyboardInterrupt raised while the engine loads a program or the program
+    runs is the user's, not a compile failure: it propagates from the call that
+    flushed, the segment's ops still run, and a later occurrence replays."""
+    real_load = adaptive._ENGINE.load
+    interrupts = []
+
+    def interrupt_once():
+        if not interrupts:
+            interrupts.append(1)
+            raise KeyboardInterrupt
+
+    def load(key, desc):
+        if during == "load":
+            interrupt_once()
+        program = real_load(key, desc)
+
+        def interrupted(tensors):
+            if during == "program":
+                interrupt_once()
+            return program(tensors)
+        return interrupted
+
+    monkeypatch.setattr(adaptive._ENGINE, "load", load)
+    x = torch.randn(64, device="neuron")
+    expected = chain(x.cpu())
+    warm(chain, x)
+    caught = 0
+    with adaptive.enabled():
+        for i in range(6):
+            out = chain(x)
+            try:
+                torch.neuron.synchronize()
+            except KeyboardInterrupt:
+                caught += 1
+            torch.testing.assert_close(out.cpu(), expected)
+            if i == 1:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+    m = adaptive.get_metrics()
+    assert caught == 1 and m["failures"] == [] and m["replays"] >= 1, (caught, m)
+
+
 def test_a_segment_flushed_from_another_stream_replays_on_its_own(monkeypatch):
     """A synchronize() on the default stream flushes a side stream's segment: its
     program must allocate (and order its memory) on the side stream, the one

@@ -160,6 +160,7 @@ bool SegmentState::advance(const Segment& seg, const std::vector<bool>& live) {
     metrics().compiled++;
     return true;
   } catch (py::error_already_set& e) {
+    if (e.matches(PyExc_KeyboardInterrupt)) throw;  // the user's (Ctrl-C), not a failure: the state stays
     reason_ = std::string("the engine raised: ") + e.what();
   } catch (const std::exception& e) {
     reason_ = std::string("the engine raised: ") + e.what();

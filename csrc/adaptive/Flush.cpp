@@ -151,6 +151,10 @@ bool replay(runtime::Stream& s, Segment& seg, const std::vector<c10::Storage>& l
         if (live[v]) tensors.append(alias(live[v], seg.values[v].layout));
       state.call(tensors);
     } catch (py::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt)) {  // see run()
+        t_collector = outer;
+        throw;
+      }
       failure = e.what();
     } catch (const std::exception& e) {
       failure = e.what();
@@ -218,8 +222,15 @@ void run(runtime::Stream& s, Segment& seg) {
   seg.signature.push_back(-2);
   seg.signature.insert(seg.signature.end(), is_live.begin(), is_live.end());
   std::shared_ptr<SegmentState> state = state_of(seg.signature);
-  if (!state->advance(seg, is_live)) return run_op_by_op(s, seg);
-  if (!replay(s, seg, live, *state)) run_op_by_op(s, seg);
+  try {
+    if (state->advance(seg, is_live) && replay(s, seg, live, *state)) return;
+  } catch (py::error_already_set&) {
+    // Ctrl-C while the engine or the program ran: the ops still run, as
+    // eager's would, and the interrupt reaches the user.
+    run_op_by_op(s, seg);
+    throw;
+  }
+  run_op_by_op(s, seg);
 }
 
 // The runtime's deferred-work flusher.
