@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pyarrow.parquet as pq
@@ -423,6 +424,53 @@ def test_ctrl_c_while_a_segment_loads_or_replays_reaches_the_user_and_loses_no_o
                 assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
     m = adaptive.get_metrics()
     assert caught == 1 and m["failures"] == [] and m["replays"] >= 1, (caught, m)
+
+
+def test_a_thread_that_reads_while_another_flushes_waits_for_the_flush(monkeypatch):
+    """A read from a second thread while the first is replaying the stream's
+    segment (here: slowly) waits for the segment's task; it does not pass the
+    flush in progress and read the result before it is computed."""
+    real_load = adaptive._ENGINE.load
+    inside, slow = threading.Event(), []
+
+    def load(key, desc):
+        program = real_load(key, desc)
+
+        def slow_program(tensors):
+            if slow:
+                inside.set()
+                time.sleep(0.5)  # releases the GIL: the reader runs
+            return program(tensors)
+        return slow_program
+
+    monkeypatch.setattr(adaptive._ENGINE, "load", load)
+    x = torch.zeros(64, device="neuron")
+
+    def step():
+        x.add_(1)  # each occurrence computes new values
+        return chain(x)
+
+    warm(step)
+    read = {}
+
+    def reader(y):
+        assert inside.wait(60)
+        read["y"] = y.cpu()
+
+    with adaptive.enabled():
+        for i in range(4):
+            y = step()  # kept, as below: the same live results, the same segment
+            torch.neuron.synchronize()
+            if i == 1:
+                assert adaptive.wait_for_compiles(COMPILE_TIMEOUT)
+        slow.append(True)
+        y = step()
+        thread = threading.Thread(target=reader, args=(y,))
+        thread.start()
+        torch.neuron.synchronize()  # this thread flushes: the program runs, slowly
+        thread.join()
+    assert adaptive.get_metrics()["replays"] >= 2
+    torch.testing.assert_close(read["y"], chain(torch.full((64,), 6.0)))
 
 
 def test_a_segment_flushed_from_another_stream_replays_on_its_own(monkeypatch):

@@ -239,7 +239,15 @@ void flush(runtime::Stream& s) {
   // it launches); its flush mutex is held, below.
   if (std::find(t_flushing.begin(), t_flushing.end(), &s) != t_flushing.end()) return;
   Pending& p = pending_of(s);
-  lock_without_gil(p.flush_mutex);
+  if (t_op_by_op > 0 || runtime::on_worker_thread()) {
+    // This thread may hold a lock that another thread's running flush needs
+    // (a stream worker freeing memory under the allocator's lock records
+    // events, which flush; the program allocates): it must not wait for that
+    // flush, and passes it (what it enqueues may precede the segment's tasks).
+    if (!p.flush_mutex.try_lock()) return;
+  } else {
+    lock_without_gil(p.flush_mutex);
+  }
   std::lock_guard<std::mutex> flushing(p.flush_mutex, std::adopt_lock);
   Segment seg;
   {
@@ -248,8 +256,8 @@ void flush(runtime::Stream& s) {
     seg = std::exchange(p.segment, std::move(p.spare));
   }
   // The stream stays marked until the segment's tasks are enqueued: another
-  // thread's synchronize() or launch meanwhile waits for this flush (on the
-  // flush mutex) instead of passing it.
+  // thread's synchronize() or launch meanwhile (the idle flusher's flush and
+  // the host's .item(), say) waits for this flush instead of passing it.
   auto unmark_if_empty = [&] {
     std::lock_guard<std::mutex> lock(p.mutex);
     if (p.segment.empty()) s.clear_deferred();
