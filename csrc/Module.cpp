@@ -9,6 +9,7 @@
 #include "backend/Allocator.h"
 #include "backend/Current.h"
 #include "backend/Generator.h"
+#include "backend/SyncTrace.h"
 #include "distributed/Python.h"
 #include "profiler/Python.h"
 #include "runtime/Runtime.h"
@@ -82,6 +83,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_capacity", [](int d) {
     backend::check_device_index(c10::DeviceIndex(d));
     return runtime::device_capacity(d);
+  });
+  // The stream sanitizer's observer of stream orderings (None: no observer).
+  m.def("_set_sync_observer", [](py::object observer) {
+    static py::object* held = new py::object();  // leaked: observers may fire during interpreter exit
+    backend::g_sync_observer.store(nullptr);
+    *held = observer;
+    if (observer.is_none()) return;
+    backend::g_sync_observer.store([](backend::SyncKind kind, uintptr_t event, c10::Stream stream) {
+      if (!Py_IsInitialized()) return;
+      py::gil_scoped_acquire gil;
+      try {
+        (*held)(int(kind), event, int(stream.device_index()), int(stream.id()));
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("torchneuron stream sanitizer observer");
+      }
+    });
   });
   m.def("_synchronize", [](int d) {
     py::gil_scoped_release no_gil;

@@ -1,6 +1,7 @@
 // Copies between host and device and between devices. Host->device copies
 // from pageable memory are staged (the source may change once we return);
-// from pinned memory with non_blocking=True they read the source directly.
+// from pinned memory they read the source in stream order (and a blocking one
+// waits for that read).
 // Device->host copies wait for the stream unless they target pinned memory
 // with non_blocking=True — the semantics of CUDA.
 #include <ATen/ATen.h>
@@ -23,6 +24,19 @@ using backend::kNeuron;
 profiler::TaskFacts copy_facts(const at::Tensor& dst) {
   int64_t bytes = int64_t(dst.numel()) * int64_t(dst.itemsize());
   return {runtime::TaskKind::kCopy, bytes, bytes, 0};
+}
+
+// A CPU tensor over the memory of the host tensor `t`, for a copy task to read
+// or write when it runs: a TensorImpl of its own, so the task touches only the
+// bytes, never the user's tensor object (its autograd history, version counter
+// or metadata, which the host thread owns). Holding it keeps the memory (a
+// pinned block) alive until the task is done.
+at::Tensor task_alias(const at::Tensor& t) {
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) alias._set_conj(true);
+  if (t.is_neg()) alias._set_neg(true);
+  return alias;
 }
 
 void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {
@@ -74,10 +88,20 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (dst_dev) {  // host -> device
     c10::DeviceIndex device = dst.device().index();
     auto dst_view = host_view(dst);
-    if (non_blocking && src.is_pinned()) {
-      // The task holds the source, so its pinned block outlives the copy.
+    if (src.is_pinned()) {
+      // Read when the task runs, so the copy is ordered after the stream's
+      // earlier work, as on CUDA: pinned memory a pending non-blocking
+      // device->host copy fills is read once that copy is done. The task holds
+      // the source, so its pinned block outlives the copy.
+      auto stream = backend::current_stream(device);
+      TORCH_CHECK(non_blocking || !backend::runtime_stream(stream).capturing(),
+                  "operation not permitted when stream is capturing: a blocking copy_ from host memory to ",
+                  dst.device(), "; use non_blocking=True or copy before the capture");
       enqueue(
-          device, "copy_ (host to device)", [src, dst_view]() mutable { dst_view.copy_(src); }, copy_facts(dst));
+          device, "copy_ (host to device)", [src = task_alias(src), dst_view]() mutable { dst_view.copy_(src); },
+          copy_facts(dst));
+      // A blocking copy returns once the source was read: the host may then reuse it.
+      if (!non_blocking) backend::synchronize_stream(stream);
     } else {
       // As on CUDA: a graph would replay the snapshot taken at capture time.
       TORCH_CHECK(!backend::runtime_stream(backend::current_stream(device)).capturing(),
@@ -100,7 +124,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (blocking) runtime::wait_device_idle(device, /*include_communication=*/false);
   auto src_view = host_view(src);
   enqueue(
-      device, "copy_ (device to host)", [src_view, dst]() mutable { dst.copy_(src_view); }, copy_facts(dst));
+      device, "copy_ (device to host)", [src_view, dst = task_alias(dst)]() mutable { dst.copy_(src_view); },
+      copy_facts(dst));
   if (blocking) backend::synchronize_stream(backend::current_stream(device));
   return dst;
 }

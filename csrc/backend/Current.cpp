@@ -8,9 +8,11 @@ extern "C" void omp_set_num_threads(int);  // from the OpenMP runtime torch load
 #include <atomic>
 #include <mutex>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include "../profiler/Recorder.h"
+#include "SyncTrace.h"
 
 namespace torchneuron::backend {
 
@@ -23,10 +25,19 @@ thread_local std::array<int8_t, kMaxDevices> t_stream_ids{};  // 0 = default str
 
 void on_fork_child() { g_bad_fork = true; }
 
+// A stream worker runs kernel bodies, which are device work: autograd and
+// version counters belong to the host thread that launched the op. Were they
+// on here, a body touching a user's tensor would rewrite its autograd history
+// behind the host's back (a non-blocking copy into a tensor that requires grad
+// silently cut its gradient) and race the host on its metadata.
+//
 // Intra-op parallelism of the kernels a stream worker runs (OpenMP's thread
 // count is a per-thread setting). By default torch's; measured on 2 cores,
 // fewer threads leave the host more room but slow the kernels more.
 void configure_worker() {
+  auto keys = c10::impl::tls_local_dispatch_key_set();
+  keys.excluded_ = keys.excluded_ | c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+  c10::impl::_force_tls_local_dispatch_key_set(keys);
   if (int n = runtime::config().worker_threads) omp_set_num_threads(n);
 }
 
@@ -130,6 +141,7 @@ void synchronize_stream(c10::Stream stream) {
               int(stream.device_index()), " stream ", stream.id(), ", which is capturing a graph");
   profiler::SyncScope sync("stream synchronize", stream.device_index(), int(stream.id()));
   s.synchronize();
+  trace_sync(SyncKind::kStreamSynchronize, nullptr, stream);
 }
 
 void synchronize_device(c10::DeviceIndex device) {
@@ -140,6 +152,7 @@ void synchronize_device(c10::DeviceIndex device) {
               int(device), " has a stream capturing a graph");
   profiler::SyncScope sync("device synchronize", device);
   runtime::synchronize_device(device);
+  trace_sync(SyncKind::kDeviceSynchronize, nullptr, default_stream(device));
 }
 
 }  // namespace torchneuron::backend

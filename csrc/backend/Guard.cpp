@@ -5,6 +5,7 @@
 #include "../profiler/Recorder.h"
 #include "Allocator.h"
 #include "Current.h"
+#include "SyncTrace.h"
 
 namespace torchneuron::backend {
 
@@ -50,15 +51,19 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 " does not match recording stream's device index ", int(stream.device_index()), ".");
     if (!*event) *event = new runtime::Event();
     as_event(*event)->record(runtime_stream(stream));
+    trace_sync(SyncKind::kEventRecord, *event, stream);
   }
   void block(void* event, const c10::Stream& stream) const override {
-    if (event) as_event(event)->block(runtime_stream(stream));
+    if (!event) return;
+    as_event(event)->block(runtime_stream(stream));
+    trace_sync(SyncKind::kEventWait, event, stream);
   }
   bool queryEvent(void* event) const override { return !event || as_event(event)->query(); }
   void synchronizeEvent(void* event) const override {
     if (!event) return;
     profiler::SyncScope sync("event synchronize", as_event(event)->device());
     as_event(event)->synchronize();
+    trace_sync(SyncKind::kEventSynchronize, event, c10::Stream(c10::Stream::DEFAULT, c10::Device(kNeuron, as_event(event)->device())));
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");
