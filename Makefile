@@ -55,6 +55,7 @@ bench: build
 	$(PY) benchmarks/profiler.py
 	$(PY) benchmarks/adaptive.py
 	$(PY) benchmarks/hf.py
+	$(PY) benchmarks/sanitizer.py
 
 conformance: build
 	$(PY) -m tests.conformance.run

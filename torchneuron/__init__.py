@@ -15,6 +15,7 @@ from torchneuron import _rnn_cells  # noqa: F401  (the fused LSTM/GRU cells PyTo
 from torchneuron import adaptive  # noqa: F401  (adaptive eager's compile engine)
 from torchneuron import distributed as _distributed  # noqa: F401  (the "neuron" c10d backend)
 from torchneuron import neuron as _neuron_module
+from torchneuron import sanitizer
 from torchneuron import _torch_neuronx_name
 from torchneuron._ops import clear_op_tracking, get_executed_ops, get_fallback_ops
 
@@ -73,3 +74,4 @@ def _register() -> None:
 
 
 _register()
+sanitizer._enable_from_environment()  # TORCHNEURON_SANITIZER=1

@@ -35,8 +35,12 @@ def is_enabled() -> bool:
 
 def set_enabled(on: bool) -> None:
     """Turns adaptive eager on or off for the whole process (work already
-    deferred still runs, in order)."""
-    _C._adaptive_set_enabled(bool(on))
+    deferred still runs, in order). Stays off while the stream sanitizer is
+    on: it checks eager's ops one by one (and the two together crashed in a
+    fuzzed program, see torchneuron/sanitizer.py)."""
+    from torchneuron import sanitizer  # a sibling of this package, imported late to keep the import order
+
+    _C._adaptive_set_enabled(bool(on) and not sanitizer.is_enabled())
 
 
 @contextlib.contextmanager
