@@ -12,6 +12,7 @@ import torch
 from torchneuron import _C  # noqa: F401  (registers the ATen kernels, guard, hooks, allocator)
 from torchneuron import _flex_attention  # noqa: F401  (FlexAttention accepts neuron tensors)
 from torchneuron import _rnn_cells  # noqa: F401  (the fused LSTM/GRU cells PyTorch expects of a device)
+from torchneuron import _sparse  # noqa: F401  (sparse layouts: COO, CSR, CSC, BSR, BSC)
 from torchneuron import adaptive  # noqa: F401  (adaptive eager's compile engine)
 from torchneuron import distributed as _distributed  # noqa: F401  (the "neuron" c10d backend)
 from torchneuron import neuron as _neuron_module

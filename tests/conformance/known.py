@@ -69,12 +69,7 @@ CUDA_CONVENTION_DTYPE = {
 }
 
 # Cases the device cannot run, with the reason.
-_SPARSE = "sparse layouts are not implemented on neuron (strided tensors only)"
-IMPOSSIBLE: dict[tuple[str, torch.dtype | None], str] = {
-    ("to_sparse", None): _SPARSE,
-    ("sparse.sampled_addmm", None): _SPARSE,
-    ("sparse.mm.reduce", None): _SPARSE,
-}
+IMPOSSIBLE: dict[tuple[str, torch.dtype | None], str] = {}
 
 
 def values_not_compared(name: str, dtype) -> bool:

@@ -104,7 +104,9 @@ class OpCheck:
     def forward(self) -> dict[str, Result]:
         results = {"forward": Result("skipped"), "inputs_intact": Result("skipped")}
         for s in self.samples():
-            twins = [s] if self.name in known.STORAGE_OPS else [s, s.noncontiguous()]
+            # Sparse samples have no noncontiguous twin (nor has CPU: no strides).
+            strided = all(t.layout == torch.strided for t in tensors(s))
+            twins = [s] if self.name in known.STORAGE_OPS or not strided else [s, s.noncontiguous()]
             # Each twin is compared with CPU on the same layout: CPU kernels
             # may pick another algorithm (and rounding) for another layout.
             cpu_twins = [to_device(t, "cpu") for t in twins]
