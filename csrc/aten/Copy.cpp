@@ -13,6 +13,7 @@
 
 #include "../adaptive/Adaptive.h"
 #include "../backend/Current.h"
+#include "HostArgs.h"
 #include "Launcher.h"
 
 namespace torchneuron::aten {
@@ -32,11 +33,8 @@ profiler::TaskFacts copy_facts(const at::Tensor& dst) {
 // or metadata, which the host thread owns). Holding it keeps the memory (a
 // pinned block) alive until the task is done.
 at::Tensor task_alias(const at::Tensor& t) {
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) alias._set_conj(true);
-  if (t.is_neg()) alias._set_neg(true);
-  return alias;
+  return cpu_tensor_over(t.storage(), t.scalar_type(), t.sizes(), t.strides(), t.storage_offset(), t.is_conj(),
+                         t.is_neg());
 }
 
 void copy_between_devices(const at::Tensor& src, const at::Tensor& dst) {

@@ -10,6 +10,16 @@
 
 namespace torchneuron::aten {
 
+at::Tensor cpu_tensor_over(c10::Storage storage, c10::ScalarType dtype, c10::IntArrayRef sizes,
+                           c10::IntArrayRef strides, int64_t offset, bool conj, bool neg) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  if (conj) t._set_conj(true);
+  if (neg) t._set_neg(true);
+  return t;
+}
+
 TensorSnapshot::TensorSnapshot(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != backend::kNeuron) {
     // CPU scalars and CPU index tensors are read when the task runs: copy
@@ -48,11 +58,7 @@ at::Tensor TensorSnapshot::view(HostStorages* shared) const {
   } else {
     storage = make_storage();
   }
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                    c10::scalarTypeToTypeMeta(dtype_));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes_, strides_, offset_);
-  if (conj_) t._set_conj(true);
-  if (neg_) t._set_neg(true);
+  auto t = cpu_tensor_over(std::move(storage), dtype_, sizes_, strides_, offset_, conj_, neg_);
   if (shared) shared->tensors.emplace_back(tensor_id_, t);
   return t;
 }

@@ -15,6 +15,11 @@
 
 namespace torchneuron::aten {
 
+// A CPU tensor of its own (no autograd history, its own version counter) over
+// `storage` with the given layout and lazy conjugate/negative bits.
+at::Tensor cpu_tensor_over(c10::Storage storage, c10::ScalarType dtype, c10::IntArrayRef sizes,
+                           c10::IntArrayRef strides, int64_t offset, bool conj, bool neg);
+
 // CPU storages and tensors already built for an op's arguments: views of
 // one device storage stay views of one CPU storage, and a tensor passed
 // twice stays one tensor, so the CPU kernel sees the aliasing (its overlap

@@ -63,7 +63,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (!event) return;
     profiler::SyncScope sync("event synchronize", as_event(event)->device());
     as_event(event)->synchronize();
-    trace_sync(SyncKind::kEventSynchronize, event, c10::Stream(c10::Stream::DEFAULT, c10::Device(kNeuron, as_event(event)->device())));
+    trace_sync(SyncKind::kEventSynchronize, event, default_stream(c10::DeviceIndex(as_event(event)->device())));
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");
