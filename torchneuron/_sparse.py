@@ -63,29 +63,15 @@ def _to_host(t):
         return t
     # Some CPU kernels look at requires_grad (sparse.mm's reductions keep the
     # indices their backward needs only then), so the copy keeps the flag.
-    return _host_copy(t).requires_grad_(t.requires_grad)
-
-
-def _host_copy(t):
-    if t.layout == torch.sparse_coo:
-        return torch.sparse_coo_tensor(t._indices().cpu(), t._values().cpu(), t.shape,
-                                       is_coalesced=t.is_coalesced(), check_invariants=False)
-    if t.layout in _COMPRESSED:
-        compressed, plain = _compressed_parts(t)
-        return torch.sparse_compressed_tensor(compressed.cpu(), plain.cpu(), t.values().cpu(), t.shape,
-                                              layout=t.layout, check_invariants=False)
-    return t.cpu()
-
-
-def _compressed_parts(t):
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return t.crow_indices(), t.col_indices()
-    return t.ccol_indices(), t.row_indices()
+    return _moved(t, "cpu").requires_grad_(t.requires_grad)
 
 
 def _to_device(t, device):
-    if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-        return t
+    return _moved(t, device) if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+
+
+def _moved(t, device):
+    """`t` with its parts copied to `device` (a sparse tensor is rebuilt from them)."""
     if t.layout == torch.sparse_coo:
         return torch.sparse_coo_tensor(t._indices().to(device), t._values().to(device), t.shape,
                                        is_coalesced=t.is_coalesced(), check_invariants=False)
@@ -94,6 +80,12 @@ def _to_device(t, device):
         return torch.sparse_compressed_tensor(compressed.to(device), plain.to(device), t.values().to(device),
                                               t.shape, layout=t.layout, check_invariants=False)
     return t.to(device)
+
+
+def _compressed_parts(t):
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.crow_indices(), t.col_indices()
+    return t.ccol_indices(), t.row_indices()
 
 
 def _device_of(args, kwargs):
