@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from tests.test_copies import busy
 from torchneuron import sanitizer
 from torchneuron.sanitizer import StreamRaceError
 
@@ -20,13 +21,6 @@ def on():
     yield
     sanitizer.disable()
     torch.neuron.synchronize()
-
-
-def busy():
-    a = torch.randn(256, 256, device="neuron")
-    for _ in range(6):
-        a = torch.tanh(a @ a * 0.01)
-    return a
 
 
 def write_on_default_then_read_on(side, order):
@@ -85,11 +79,11 @@ def test_a_host_read_of_a_non_blocking_copy_before_it_is_known_complete_is_repor
     with pytest.raises(StreamRaceError, match="the host reads it while aten::_to_copy on neuron:0 stream 0 wrote it"):
         h.sum()
     torch.neuron.current_stream().synchronize()
-    assert h.sum().item() == 5 * 256
+    assert h.sum().item() == 5 * 384
 
 
 def test_a_host_read_after_the_copys_event_completed_is_not_reported(on):
-    h = torch.empty(256, pin_memory=True)
+    h = torch.empty(384, pin_memory=True)
     h.copy_(busy()[0], non_blocking=True)
     done = torch.neuron.Event()
     done.record()
@@ -105,6 +99,24 @@ def test_a_host_write_to_pinned_memory_a_non_blocking_copy_may_still_read_is_rep
         h.fill_(7)
     torch.neuron.synchronize()
     del d
+
+
+def test_a_pinned_block_reused_by_a_copy_on_another_stream_starts_a_new_history(on):
+    """The block of a dropped copy's destination may serve the next copy: the
+    old copy's write is its previous owner's, not a race with the new one."""
+    side = torch.neuron.Stream()
+    x = torch.ones(64, device="neuron")
+    side.wait_stream(torch.neuron.current_stream())
+    dropped = x.to("cpu", non_blocking=True)
+    address = dropped.untyped_storage().data_ptr()
+    while not torch.neuron.current_stream().query():  # done (a query orders nothing), its result unread
+        pass
+    del dropped
+    with torch.neuron.stream(side):
+        h = x.to("cpu", non_blocking=True)
+    assert h.untyped_storage().data_ptr() == address, "the pinned allocator did not reuse the block"
+    side.synchronize()
+    assert h.sum().item() == 64
 
 
 def test_off_nothing_is_checked_and_no_observer_is_installed():

@@ -219,6 +219,8 @@ class _Sanitizer(TorchDispatchMode):
             non_blocking = kwargs.get("non_blocking", len(args) > 2 and func is aten.copy_.default and args[2])
             to_host = src.device.type == "neuron" and dst.device.type == "cpu"
             if to_host and non_blocking and dst.is_pinned():  # the stream writes the host memory later
+                if any(t is dst for t in fresh):  # a new pinned block: its history is its previous owner's
+                    self.memory.pop(self._key(dst), None)
                 writes = [(t, n) for t, n in writes if t is not dst] + [(dst, "the copy's destination")]
                 fresh = [t for t in fresh if t is not dst]
             else:
