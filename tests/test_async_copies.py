@@ -13,6 +13,7 @@ and gradient is compared with the same program on CPU.
 import pytest
 import torch
 
+from tests.test_copies import busy
 from torchneuron import adaptive
 
 SHAPE = (5, 5, 5, 5)
@@ -164,19 +165,11 @@ def test_with_adaptive_eager_on_the_gradient_through_a_copy_is_kept():
         torch.neuron.synchronize()
 
 
-def _busy():
-    """Device work that keeps the current stream busy for a while."""
-    a = torch.randn(384, 384, device="neuron")
-    for _ in range(12):
-        a = torch.tanh(a @ a * 0.01)
-    return a
-
-
 @pytest.mark.parametrize("non_blocking", [True, False], ids=["non_blocking", "blocking"])
 def test_a_copy_back_from_pinned_memory_follows_the_copy_that_fills_it(non_blocking):
     """As on CUDA, both copies are on one stream, so the second reads what the
     first wrote, however long the stream takes to get there."""
-    x = _busy() * 0 + 7
+    x = busy() * 0 + 7
     h = x.to("cpu", non_blocking=True)
     assert h.is_pinned()
     d = h.to("neuron", non_blocking=non_blocking)
@@ -185,7 +178,7 @@ def test_a_copy_back_from_pinned_memory_follows_the_copy_that_fills_it(non_block
 
 def test_a_blocking_copy_from_pinned_memory_has_read_it_when_it_returns():
     h = torch.full((64, 64), 3.0).pin_memory()
-    _busy()
+    busy()
     d = h.to("neuron")
     h.fill_(-1)  # the host may reuse its buffer once a blocking copy returned
     assert d.cpu().unique().tolist() == [3.0]
