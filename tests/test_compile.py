@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -407,3 +408,29 @@ def test_host_scalars_read_by_compiled_kernels_are_taken_at_launch():
         y = compiled(x, s)
         s.fill_(100.0)  # after the launch: must not reach the queued kernel
         torch.testing.assert_close(y[:4].cpu(), f(x[:4].cpu(), torch.tensor(float(i))))
+
+
+def test_a_program_compiled_by_another_build_is_never_loaded(monkeypatch):
+    """Inductor's disk cache keys graphs on torch, not on the backend's code: the
+    build's identity must be in the key, or an upgrade loads stale generated code."""
+    from torch._dynamo.utils import counters
+
+    from torchneuron.compile import flex_attention
+
+    def f(x):
+        return torch.tanh(x) * 3 + 1
+
+    x = torch.randn(8, 8, device="neuron")
+    want = f(x.cpu())
+
+    def compile_once():
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(f, backend="neuron")(x).cpu(), want)
+        return counters["inductor"]["fxgraph_cache_miss"], counters["inductor"]["fxgraph_cache_hit"]
+
+    compile_once()
+    miss, hit = compile_once()
+    assert hit >= 1, "the same build must hit the cache"
+    another = f"another-build-{os.getpid()}-{time.time_ns()}"  # never compiled before, by any run
+    monkeypatch.setattr(flex_attention, "build_id", lambda: another)
+    assert compile_once()[0] == miss + 1, "a program of another build was loaded"

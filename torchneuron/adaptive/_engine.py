@@ -27,6 +27,8 @@ import torch
 
 from torchneuron import _C
 
+from torchneuron.compile.build_id import build_id
+
 from . import _graph
 
 
@@ -134,7 +136,7 @@ class Engine:
     def submit(self, desc: dict) -> tuple[str, str, str]:
         """A segment turned hot: (key, "ready" | "compiling" | "failed", reason)."""
         settings = compiler_settings()
-        key = _graph.key_of(desc, (torch.__version__, sorted(settings.items())))
+        key = _graph.key_of(desc, (torch.__version__, build_id(), sorted(settings.items())))
         entry = read_index(key)
         if entry is not None:
             return (key, "ready", "") if entry["ok"] else (key, "failed", entry["reason"])

@@ -22,6 +22,8 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from torch._inductor.pattern_matcher import fwd_only
 from torch._inductor.virtualized import V
 
+from .build_id import build_id
+
 _hop = sys.modules["torch._higher_order_ops.flex_attention"]
 _DENSE = {
     torch.ops.higher_order.flex_attention: _hop.sdpa_dense,
@@ -109,4 +111,6 @@ class DenseFlexAttention(CustomGraphModulePass):
         gm.recompile()
 
     def uuid(self) -> str:
-        return "torchneuron.dense_flex_attention.1"  # part of Inductor's cache key: bump on change
+        # Part of Inductor's cache key, and the only part a device backend supplies:
+        # the build's identity, so that no program of another build is ever loaded.
+        return f"torchneuron.{build_id()}"
