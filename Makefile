@@ -15,7 +15,8 @@ $(VENV)/bin/python:
 	$(PY) -m pip install torch==2.13.0
 	# expecttest: torch.testing._internal (the conformance harness) imports it.
 	# pyarrow: the profiler's Parquet export (the extra torchneuron[profiler]).
-	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest pyarrow
+	# ml_dtypes: bfloat16/float8 NumPy arrays for NKI kernels (the extra torchneuron[nki]).
+	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest pyarrow ml_dtypes
 	# The extra torchneuron[hf]: the model zoo tests (tests/models) and examples/hf.
 	$(PY) -m pip install "transformers>=5.23,<6" "accelerate>=1.15" "diffusers>=0.42"
 

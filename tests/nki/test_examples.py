@@ -25,25 +25,51 @@ matmul = _example("matmul")
 softmax = _example("softmax")
 rmsnorm = _example("rmsnorm")
 attention = _example("attention")
+flash_attention_prefill = _example("flash_attention_prefill")
+attention_decode = _example("attention_decode")
+fused_mlp = _example("fused_mlp")
+rmsnorm_current = _example("rmsnorm_current")
+rope = _example("rope")
+moe_tkg = _example("moe_tkg")
+cumsum = _example("cumsum")
 
 FP32 = dict(rtol=1e-5, atol=1e-5)
 
 
-def _check(kernel, reference, inputs, *, numpy=True, **tol):
-    """Runs ``kernel`` on neuron copies of ``inputs`` and in the simulator; both must match ``reference``."""
-    expected = reference(*inputs)
+def _check(kernel, reference, inputs, *, numpy=True, scalars=None, **tol):
+    """Runs ``kernel`` on neuron copies of ``inputs`` and in the simulator; both must match ``reference``
+    (a tensor, or a tuple of tensors for kernels that return several). ``scalars``: keyword
+    arguments of all three."""
+    scalars = scalars or {}
+    expected = reference(*inputs, **scalars)
 
-    out = kernel(*(x.to("neuron") for x in inputs))
-    assert out.device.type == "neuron" and out.dtype == expected.dtype and out.shape == expected.shape
+    out = kernel(*(x.to("neuron") for x in inputs), **scalars)
     torch.neuron.synchronize()
-    torch.testing.assert_close(out.cpu(), expected, **tol)
+    for got, want in _pairs(out, expected):
+        assert got.device.type == "neuron" and got.dtype == want.dtype and got.shape == want.shape
+        _close(got.cpu(), want, tol)
 
     host = [x.numpy() for x in inputs] if numpy else inputs
-    sim = nki.simulate(kernel)(*host)
-    if numpy:
-        assert isinstance(sim, np.ndarray)
-        sim = torch.from_numpy(sim)
-    torch.testing.assert_close(sim, expected, **tol)
+    sim = nki.simulate(kernel)(*host, **scalars)
+    for got, want in _pairs(sim, expected):
+        if numpy:
+            assert isinstance(got, np.ndarray)
+            got = torch.from_numpy(got)
+        _close(got, want, tol)
+
+
+def _pairs(got, expected):
+    if isinstance(expected, tuple):
+        assert isinstance(got, tuple) and len(got) == len(expected)
+        return list(zip(got, expected))
+    return [(got, expected)]
+
+
+def _close(got, want, tol):
+    if want.is_floating_point():
+        torch.testing.assert_close(got, want, **tol)
+    else:  # indices: exact
+        assert torch.equal(got, want)
 
 
 def _grid_add(M, N):
@@ -116,7 +142,100 @@ def test_causal_attention(H, S):
     _check(attention.causal_attention_kernel[H], attention.reference, [q, k, v], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("module", [tensor_add, matmul, softmax, rmsnorm, attention],
+# -- production-shaped kernels in the current API ----------------------------------------------------
+
+
+@pytest.mark.parametrize("H,S,d", [(2, 640, 64), (1, 128, 128)])
+def test_flash_attention_prefill(H, S, d):
+    """640 = a 512-key block plus one: query tiles with one and with two key blocks."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(H, S, d) for _ in range(3))
+    _check(flash_attention_prefill.flash_attention_prefill, flash_attention_prefill.reference, [q, k, v],
+           rtol=1e-4, atol=1e-5)
+
+
+def test_flash_attention_prefill_lnc2_bf16():
+    """Two programs, one head each; bf16 operands with fp32 softmax statistics and accumulator."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 256, 64).bfloat16() for _ in range(3))
+    kernel = flash_attention_prefill.flash_attention_prefill[2]
+    out = kernel(q.to("neuron"), k.to("neuron"), v.to("neuron")).cpu()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), flash_attention_prefill.reference(q, k, v).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("Hq,Hkv,n,d,ctx", [(4, 2, 2, 64, 1024), (2, 2, 1, 128, 512)])
+def test_attention_decode(Hq, Hkv, n, d, ctx):
+    torch.manual_seed(0)
+    q = torch.randn(Hq, n, d)
+    k_cache, v_cache = torch.randn(Hkv, d, ctx), torch.randn(Hkv, ctx, d)
+    _check(attention_decode.attention_decode, attention_decode.reference, [q, k_cache, v_cache], rtol=1e-4,
+           atol=1e-5)
+
+
+def test_fused_mlp():
+    torch.manual_seed(0)
+    T, H, I = 8, 512, 1024
+    x = torch.randn(T, H)
+    w_gate, w_up, w_down = torch.randn(H, I) / H ** 0.5, torch.randn(H, I) / H ** 0.5, torch.randn(I, H) / I ** 0.5
+    _check(fused_mlp.fused_mlp, fused_mlp.reference, [x, w_gate, w_up, w_down], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_mlp_bf16():
+    torch.manual_seed(0)
+    T, H, I = 4, 512, 512
+    args = [torch.randn(T, H), torch.randn(H, I) / H ** 0.5, torch.randn(H, I) / H ** 0.5, torch.randn(I, H) / I ** 0.5]
+    args = [a.bfloat16() for a in args]
+    out = nki.simulate(fused_mlp.fused_mlp)(*args)  # NumPy has no bf16: CPU tensors in and out
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), fused_mlp.reference(*args).float(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("shape", [(256, 512), pytest.param((200, 1000), id="partial-tiles")])
+def test_rmsnorm_current(shape):
+    torch.manual_seed(0)
+    x, w = torch.randn(shape), torch.rand(shape[1]) + 0.5
+    _check(rmsnorm_current.rmsnorm_kernel, rmsnorm_current.reference, [x, w], **FP32)
+
+
+def test_rmsnorm_current_eps():
+    torch.manual_seed(0)
+    x, w = torch.randn(128, 256) * 1e-2, torch.rand(256)
+    out = rmsnorm_current.rmsnorm_kernel(x.to("neuron"), w.to("neuron"), eps=1e-3)
+    torch.testing.assert_close(out.cpu(), rmsnorm_current.reference(x, w, eps=1e-3), **FP32)
+
+
+def test_rope():
+    torch.manual_seed(0)
+    Hq, Hk, S, d = 4, 2, 256, 64
+    cos, sin = rope.tables(S, d)
+    _check(rope.rope_kernel, rope.reference, [torch.randn(Hq, S, d), torch.randn(Hk, S, d), cos, sin], **FP32)
+
+
+@pytest.mark.parametrize("top_k", [2, 1])
+def test_moe_tkg(top_k):
+    torch.manual_seed(0)
+    T, H, I, E = 4, 512, 512, 8
+    args = [torch.randn(T, H), torch.randn(H, E), torch.randn(E, H, 2, I) / H ** 0.5, torch.randn(E, I, H) / I ** 0.5]
+    _check(moe_tkg.moe_tkg, moe_tkg.reference, args, scalars={"top_k": top_k}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cumsum_kernel", "cumsum_cumulative_kernel"])
+def test_cumsum(name):
+    """3000 columns: two scan chunks (the carry) and a partial row tile."""
+    torch.manual_seed(0)
+    x = torch.randn(200, 3000)
+    _check(getattr(cumsum, name), cumsum.reference, [x], rtol=1e-5, atol=1e-4)
+
+
+def test_cumsum_matmul():
+    torch.manual_seed(0)
+    x = torch.randn(200, 640)
+    _check(cumsum.cumsum_matmul_kernel, cumsum.reference, [x], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("module", [tensor_add, matmul, softmax, rmsnorm, attention, flash_attention_prefill,
+                                    attention_decode, fused_mlp, rmsnorm_current, rope, moe_tkg, cumsum],
                          ids=lambda m: m.__name__.removeprefix("nki_example_"))
 def test_example_main(module, capsys):
     """Each example runs as a script and reports small errors."""

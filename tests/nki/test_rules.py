@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+import torchneuron
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
+import torchneuron.nki.typing as nt
 
 
 def kernel_of(body):
@@ -62,10 +64,6 @@ def compute_on_hbm(a, b, out):
 
 def store_psum(a, b, out):
     nl.store(out[:, 0:64], value=nl.zeros((128, 64), nl.float32, buffer=nl.psum))
-
-
-def write_input(a, b, out):
-    nl.store(a[0:128, 0:64], value=nl.load(b[0:128, 0:64]))
 
 
 def undefined_tile(a, b, out):
@@ -128,7 +126,7 @@ CASES = {
     "partition-dim": p_too_big, "matmul-stationary-fmax": stationary_too_big,
     "matmul-moving-fmax": moving_too_big, "matmul-contraction": contraction_mismatch, "psum-bank": psum_bank,
     "psum-capacity": psum_banks_exhausted, "sbuf-capacity": sbuf_capacity, "load-from-hbm": load_from_sbuf,
-    "compute-on-chip": compute_on_hbm, "store-from-psum": store_psum, "immutable-input": write_input,
+    "compute-on-chip": compute_on_hbm, "store-from-psum": store_psum,
     "undefined-tile": undefined_tile, "shape-mismatch": shape_mismatch, "loop-bounds": loop_bound_not_constant,
     "data-dependent-control-flow": data_dependent_branch, "reduce-partition": reduce_partition_axis,
     "out-of-bounds": out_of_bounds, "dma-psum": dma_to_psum, "matmul-dst-in-psum": matmul_dst_in_sbuf,
@@ -175,21 +173,51 @@ def test_sbuf_capacity_follows_the_platform_target():
     np.testing.assert_array_equal(nki.jit(big_tile, platform_target="trn3")(a), 0)
 
 
-def test_mutable_inputs_must_be_declared_and_then_are_written():
+def test_kernels_write_their_arguments_in_place_and_operators_declare_it():
     def double(x):
         nl.store(x, value=nl.load(x) * 2)
 
     x = np.ones((4, 4), np.float32)
-    with pytest.raises(nki.NKIError, match="immutable-input"):
-        nki.simulate(nki.jit(double))(x)
-    np.testing.assert_array_equal(x, 1)
-    nki.simulate(nki.jit(double, mutates_args=("x",)))(x)
+    nki.simulate(nki.jit(double))(x)                    # as NKI: an output passed in is written
     np.testing.assert_array_equal(x, 2)
     t = torch.ones(4, 4, device="neuron")
-    nki.jit(double, mutates_args=("x",))(t)
+    nki.jit(double)(t)
     torch.testing.assert_close(t.cpu(), torch.full((4, 4), 2.0))
+    # An operator must declare what it writes (torch.library's rule), or annotate it.
+    with pytest.raises(nki.NKIError, match="immutable-input"):
+        torchneuron.nki_op("nki_rules_test::double_undeclared")(double)(torch.ones(4, 4))
+    op = torchneuron.nki_op("nki_rules_test::double_declared", mutates_args=("x",))(double)
+    t = torch.ones(4, 4, device="neuron")
+    op(t)
+    torch.testing.assert_close(t.cpu(), torch.full((4, 4), 2.0))
+
+    def double_annotated(x: nt.mutable_tensor):
+        nl.store(x, value=nl.load(x) * 2)
+
+    assert nki.jit(double_annotated).mutates_args == ("x",)
     with pytest.raises(ValueError, match="not parameters"):
         nki.jit(double, mutates_args=("y",))
+
+
+def test_a_load_from_an_input_the_kernel_later_writes_keeps_the_old_values():
+    """Loads may share an input's memory only when the kernel writes no input (found by the check
+    pass, declared or not)."""
+
+    @nki.jit
+    def snapshot_then_clear(x):
+        old = nl.load(x)
+        nl.store(x, value=nl.zeros(x.shape, nl.float32))
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=old)
+        return out
+
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    want = x.copy()
+    np.testing.assert_array_equal(nki.simulate(snapshot_then_clear)(x), want)
+    np.testing.assert_array_equal(x, 0)
+    t = torch.from_numpy(want).to("neuron")
+    torch.testing.assert_close(snapshot_then_clear(t).cpu(), torch.from_numpy(want))
+    torch.testing.assert_close(t.cpu(), torch.zeros(4, 4))
 
 
 def test_argument_errors():

@@ -1,6 +1,8 @@
 """``torchneuron.nki``: the NKI kernel language on the neuron device.
 
-Kernels written for NKI run here after changing their imports::
+Kernels written for NKI run here unmodified once ``install_alias()`` (or
+``python -m torchneuron.nki run file.py``) serves the SDK's import names, or with their imports
+changed to::
 
     import torchneuron.nki as nki
     import torchneuron.nki.language as nl
@@ -11,13 +13,14 @@ tensors it runs in the simulator. Rules of the language and the hardware are che
 anything runs (``NKIError`` names the rule and the kernel line). See docs/nki.md.
 """
 
-from torchneuron.nki import isa, language
+from torchneuron.nki import isa, language, typing
+from torchneuron.nki._alias import install_alias, uninstall_alias
 from torchneuron.nki._cost import CostReport
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._kernel import Kernel, jit
 
-__all__ = ["jit", "simulate", "simulate_kernel", "benchmark", "estimate", "language", "isa", "NKIError",
-           "CostReport", "Kernel"]
+__all__ = ["jit", "simulate", "simulate_kernel", "benchmark", "baremetal", "profile", "estimate", "language", "isa",
+           "typing", "NKIError", "CostReport", "Kernel", "install_alias", "uninstall_alias"]
 
 
 def _as_kernel(kernel):
@@ -25,7 +28,9 @@ def _as_kernel(kernel):
 
 
 class _Simulated:
-    """``nki.simulate(kernel)``: runs on the host whatever the inputs' device (CPU copies of device tensors)."""
+    """``nki.simulate(kernel)``: runs on the host whatever the inputs' device (CPU copies of device
+    tensors). ``nki.simulate(kernel)[2](...)`` and ``nki.simulate(kernel[2])(...)`` both launch a
+    grid; NumPy arrays the kernel writes are updated in place, as NKI's simulator does."""
 
     def __init__(self, kernel):
         self.kernel = _as_kernel(kernel)
@@ -41,6 +46,7 @@ class _Simulated:
 
 
 def simulate(kernel):
+    """Runs ``kernel`` (an ``nki.jit`` kernel or a plain function) on the host."""
     return _Simulated(kernel)
 
 
@@ -68,6 +74,16 @@ class _Benchmarked:
     def __call__(self, *args, **kwargs):
         self.benchmark_result = estimate(self.kernel, *args, target=self.target, **kwargs)
         return self.kernel(*args, **kwargs)
+
+
+def baremetal(kernel=None, **options):
+    """The older ``nki.baremetal(kernel)``: the kernel itself (it runs where its tensors are)."""
+    return (lambda k: _as_kernel(k)) if kernel is None else _as_kernel(kernel)
+
+
+def profile(kernel=None, **options):
+    """The older ``nki.profile(kernel)``: runs the kernel; use torch.profiler for device traces."""
+    return baremetal(kernel, **options)
 
 
 def benchmark(kernel=None, *, target=None, warmup=None, iters=None, **options):

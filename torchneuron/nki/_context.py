@@ -66,6 +66,8 @@ class CallContext:
     cost: object = None                 # a CostRecorder in the check pass when estimating
     sbuf_in_use: int = 0                # bytes per partition held by live tiles
     psum_in_use: int = 0                # banks held by live PSUM tiles
+    written_inputs: tuple = ()         # the inputs the kernel wrote (names), after a run
+    lnc: object = None                  # the programs of a multi-program grid (_lnc.Cores) while they run
     # batched execution (see _batch): the loops running batched, outermost first
     batching: bool = False
     unbatchable: set = field(default_factory=set)   # loop sites that run sequentially

@@ -105,9 +105,11 @@ def nki_op(name: str, mutates_args=(), *, schema: str | None = None):
     def decorator(kernel):
         if isinstance(kernel, Kernel):
             kernel = Kernel(kernel.fn, tuple(dict.fromkeys(kernel.mutates_args + mutates_args)), kernel.grid,
-                            kernel._plans, kernel.platform_target)
+                            kernel._plans, kernel.platform_target, strict_inputs=True)
         else:
             kernel = jit(kernel, mutates_args=mutates_args)
+            kernel = Kernel(kernel.fn, kernel.mutates_args, kernel.grid, kernel._plans, kernel.platform_target,
+                            strict_inputs=True)
         mutated = kernel.mutates_args  # the decorator's and the kernel's own
         op_schema = schema or infer_schema(kernel, mutated)
         returns_nothing = op_schema.rstrip().endswith("-> ()")

@@ -13,7 +13,7 @@ _own_files = {}
 def _is_own(filename):
     own = _own_files.get(filename)
     if own is None:
-        own = _own_files[filename] = os.path.dirname(os.path.abspath(filename)) == _PACKAGE_DIR
+        own = _own_files[filename] = os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
     return own
 
 

@@ -18,10 +18,12 @@ import numpy as np
 import torch
 
 from torchneuron import _C
-from torchneuron.nki import _context
+from torchneuron.nki import _context, _lnc
+from torchneuron.nki.typing import is_mutable
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._cost import CostRecorder
 from torchneuron.nki._errors import NKIError
+from torchneuron.nki._numpy import to_numpy, to_torch
 from torchneuron.nki._tile import Allocation, NkiTensor, hbm, shared_hbm
 
 _KNOWN_OPTIONS = {"platform_target"}
@@ -47,6 +49,7 @@ class Plan:
     returns: object        # the return structure: ("out", i), ("in", name), None, or a tuple/list of these
     unbatchable: frozenset | None = None  # loop sites run one iteration at a time; None: batch nothing
     batching_note: str = ""                # why loops run sequentially (for users and tests)
+    writes: tuple = ()                     # the inputs the kernel writes, declared or not
 
 
 def _is_array(x):
@@ -56,18 +59,23 @@ def _is_array(x):
 class Kernel:
     """A kernel function made callable on tensors; ``kernel[g0, g1]`` launches an SPMD grid."""
 
-    def __init__(self, fn, mutates_args=(), grid=(), plans=None, platform_target=None):
+    def __init__(self, fn, mutates_args=(), grid=(), plans=None, platform_target=None, strict_inputs=False):
         if isinstance(mutates_args, str):
             mutates_args = (mutates_args,)
         self.fn = fn
         self.grid = grid
         self.platform_target = platform_target  # None: NEURON_PLATFORM_TARGET_OVERRIDE's
-        self.mutates_args = tuple(mutates_args)
         self.signature = inspect.signature(fn)
+        # Parameters annotated nt.mutable_tensor are declared as written, as mutates_args does.
+        annotated = tuple(n for n, p in self.signature.parameters.items() if is_mutable(p.annotation))
+        self.mutates_args = tuple(dict.fromkeys(tuple(mutates_args) + annotated))
         unknown = set(self.mutates_args) - set(self.signature.parameters)
         if unknown:
             raise ValueError(f"nki.jit({fn.__name__}): mutates_args names {sorted(unknown)}, which are not "
                              f"parameters of the kernel {list(self.signature.parameters)}")
+        # An operator (nki_op) declares every input it writes, as torch.library requires; a
+        # kernel may write any argument, as NKI kernels write outputs passed in.
+        self.strict_inputs = strict_inputs
         self._plans = _PlanCache() if plans is None else plans
         functools.update_wrapper(self, fn)
 
@@ -78,7 +86,8 @@ class Kernel:
         grid = grid if isinstance(grid, tuple) else (grid,)
         if not grid or any(not isinstance(g, (int, np.integer)) or g < 1 for g in grid):
             raise ValueError(f"{self.fn.__name__}[{grid}]: an SPMD grid is one or more positive integers")
-        return Kernel(self.fn, self.mutates_args, tuple(int(g) for g in grid), self._plans, self.platform_target)
+        return Kernel(self.fn, self.mutates_args, tuple(int(g) for g in grid), self._plans, self.platform_target,
+                      self.strict_inputs)
 
     # -- the two passes ---------------------------------------------------------------------------
     def _bind(self, args, kwargs):
@@ -89,14 +98,18 @@ class Kernel:
         bound.apply_defaults()
         return bound.arguments
 
-    def _run(self, arguments, ctx, tensors):
-        """Runs every program of the grid with ``tensors`` (name -> torch tensor) as HBM inputs."""
+    def _run(self, arguments, ctx, tensors, writes=None):
+        """Runs every program of the grid with ``tensors`` (name -> torch tensor) as HBM inputs.
+
+        ``writes``: the inputs the kernel writes, when known (loads may then share the memory of
+        inputs if there are none); None in the check pass, which finds them (``ctx.written_inputs``).
+        """
         wrapped = dict(arguments)
         for name, t in tensors.items():
-            wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True,
-                                                          mutable=name in self.mutates_args))
+            wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True, mutable=(
+                name in self.mutates_args or not self.strict_inputs)))
         inputs = {id(w.alloc): (name, w.data) for name, w in wrapped.items() if name in tensors}
-        ctx.borrowing = not self.mutates_args
+        ctx.borrowing = writes is not None and not writes and not self.mutates_args
         result = None
         with _context.active(ctx):
             if ctx.batching and self.grid and "grid" not in ctx.unbatchable:
@@ -108,9 +121,17 @@ class Kernel:
                     for loop in loops:
                         ctx.pop_loop(loop)
             else:
-                for program in itertools.product(*(range(g) for g in self.grid)) if self.grid else [()]:
-                    ctx.program, ctx.cursor = program, 0
+                programs = list(itertools.product(*(range(g) for g in self.grid))) if self.grid else [()]
+                if len(programs) == 1:
+                    ctx.program, ctx.cursor = programs[0], 0
                     result = self.fn(**wrapped)
+                else:  # one core each, taking turns at barriers (see _lnc)
+                    ctx.lnc = _lnc.Cores(ctx, programs)
+                    try:
+                        result = ctx.lnc.run(lambda: self.fn(**wrapped))[-1]
+                    finally:
+                        ctx.lnc = None
+        ctx.written_inputs = tuple(name for name, w in wrapped.items() if name in tensors and w.alloc.modified)
         return self._structure(result, ctx, inputs)
 
     def _structure(self, value, ctx, inputs):
@@ -135,8 +156,7 @@ class Kernel:
 
     def check(self, arguments, target=None, cost=False):
         """The check pass: a Plan (and a CostRecorder when ``cost``), raising NKIError on any violation."""
-        tensors = {n: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                   for n, v in arguments.items() if _is_array(v)}
+        tensors = {n: to_torch(v) if isinstance(v, np.ndarray) else v for n, v in arguments.items() if _is_array(v)}
         key = None
         target = target or self.platform_target
         aliases = _aliases(tensors)
@@ -157,12 +177,13 @@ class Kernel:
             ctx.cost = CostRecorder(ctx.platform)
         ctx.batchable = any(g > 1 for g in self.grid)
         returns = self._run(arguments, ctx, stand_ins)
-        plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns)
+        plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns,
+                    writes=tuple(dict.fromkeys(self.mutates_args + ctx.written_inputs)))
         if not cost:
-            expected = [t.data for t in ctx.outputs] + [stand_ins[n] for n in self.mutates_args if n in stand_ins]
+            expected = [t.data for t in ctx.outputs] + [stand_ins[n] for n in plan.writes if n in stand_ins]
             if not ctx.batchable:
-                plan.unbatchable, plan.batching_note = frozenset(), "nothing to batch"
-            elif any(set(group) & set(self.mutates_args) for group in aliases):
+                plan.unbatchable, plan.batching_note = None, "nothing to batch"  # a grid of one must not run as a batch
+            elif any(set(group) & set(plan.writes) for group in aliases):
                 plan.unbatchable, plan.batching_note = None, "not batched: a mutable argument aliases another"
             else:
                 plan.unbatchable, plan.batching_note = self._choose_batching(arguments, pristine, plan, expected,
@@ -185,7 +206,7 @@ class Kernel:
             ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(outputs)]
             ctx.preset_outputs = outputs
             try:
-                self._run({**arguments, **inputs}, ctx, inputs)
+                self._run({**arguments, **inputs}, ctx, inputs, plan.writes)
             except Unbatchable as e:
                 sites = {ctx.loop_sites.get(loop) for loop in e.loops}
                 if not sites or None in sites or sites <= unbatchable:
@@ -194,7 +215,7 @@ class Kernel:
                 continue
             except Exception as e:  # the sequential pass passed: batching must not change that
                 return None, f"not batched: the batched trial failed ({type(e).__name__}: {e})"
-            got = outputs + [inputs[n] for n in self.mutates_args if n in inputs]
+            got = outputs + [inputs[n] for n in plan.writes if n in inputs]
             if all(_agree(a, b) for a, b in zip(expected, got)):
                 return frozenset(unbatchable), "" if not unbatchable else \
                     f"{len(unbatchable)} loop(s) run sequentially"
@@ -207,7 +228,7 @@ class Kernel:
                                    batching=plan.unbatchable is not None, unbatchable=set(plan.unbatchable or ()))
         ctx.outputs = [NkiTensor(b, shared_hbm, Allocation(f"output {i}")) for i, b in enumerate(output_buffers)]
         ctx.preset_outputs = output_buffers
-        self._run(arguments, ctx, host_tensors)
+        self._run(arguments, ctx, host_tensors, plan.writes)
 
     # -- calls ----------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -255,19 +276,19 @@ class Kernel:
 
     def _simulate(self, arguments, tensors):
         plan, _ = self.check(arguments)
-        host = {n: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for n, v in tensors.items()}
+        host = {n: to_torch(v) if isinstance(v, np.ndarray) else v for n, v in tensors.items()}
         outputs = [_filled(shape, dtype) for shape, dtype in plan.outputs]
         self.execute({**arguments, **host}, plan, host, outputs)
         as_numpy = any(isinstance(v, np.ndarray) for v in tensors.values())
         if as_numpy:
-            outputs = [_to_numpy(o) for o in outputs]
+            outputs = [to_numpy(o) for o in outputs]
         return _restructure(plan.returns, outputs, tensors)
 
 
 def _stand_in(v):
     """Check-pass data for an argument: same shape, strides and dtype, never the caller's data."""
     if isinstance(v, np.ndarray):
-        v = torch.from_numpy(v)
+        v = to_torch(v)
     return _context.scratch([int(n) for n in v.shape], v.dtype, [int(s) for s in v.stride()])
 
 
@@ -313,13 +334,6 @@ def _aliases(tensors):
 def _filled(shape, dtype):
     """Simulated outputs start as NaN (floats) or 4 (integers), as NKI's simulator fills them."""
     return torch.full(shape, float("nan") if dtype.is_floating_point else 4, dtype=dtype)
-
-
-def _to_numpy(t):
-    try:
-        return t.numpy()
-    except TypeError:  # bfloat16 / float8 have no NumPy dtype here: keep the tensor
-        return t
 
 
 def _restructure(returns, outputs, inputs):

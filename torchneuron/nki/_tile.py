@@ -7,6 +7,8 @@ resolved when the access is read or written (a gather or scatter), so masked-off
 lie outside the tensor.
 """
 
+import math
+
 import numpy as np
 import torch
 
@@ -33,16 +35,20 @@ private_hbm = Buffer("private_hbm", False)
 class Allocation:
     """What all views of one tensor share: its name, where it was made, whether it holds data."""
 
-    __slots__ = ("name", "line", "written", "is_input", "mutable", "groups", "viewed", "borrowed", "shadow",
-                 "__weakref__")
+    __slots__ = ("name", "line", "written", "is_input", "mutable", "modified", "groups", "viewed", "borrowed",
+                 "shadow", "root", "root_batch", "computed", "__weakref__")
 
     def __init__(self, name, written=False, is_input=False, mutable=False):
         self.name, self.written, self.is_input, self.mutable = name, written, is_input, mutable
+        self.modified = False  # an input the kernel wrote
         self.groups = None  # PSUM regions in an open matmul accumulation group (see nisa.nc_matmul)
         self.viewed = False  # a view of the tile exists (its batch dims can no longer grow)
         self.borrowed = False  # the tile's data is still its source input's memory (see NkiTensor.borrow)
         # Check pass, on-chip tiles: which elements hold data (laid out like the tile's data).
         self.shadow = None
+        # The whole tensor's data and batch loops (set by its first NkiTensor): what access patterns address.
+        self.root, self.root_batch = None, ()
+        self.computed = False  # the result of a computation (a value, not a handle: no truth value)
         self.line = None if is_input else kernel_position()
 
     def describe(self):
@@ -403,6 +409,8 @@ class NkiTensor:
     def __init__(self, data: torch.Tensor, buffer: Buffer, alloc: Allocation, key=None, shape=None, batch=()):
         self.data, self.buffer, self.alloc, self.key, self.batch = data, buffer, alloc, key, batch
         self.shape = tuple(data.shape[len(batch):]) if key is None else shape
+        if alloc.root is None:
+            alloc.root, alloc.root_batch = data, batch
 
     dtype = property(lambda self: self.data.dtype)
     ndim = property(lambda self: len(self.shape))
@@ -422,8 +430,12 @@ class NkiTensor:
         return id(self)
 
     def __bool__(self):
-        raise NKIError("data-dependent-control-flow", f"{self.describe()} has no truth value while the kernel is "
-                       "traced: control flow cannot depend on tile data (use nl.where or masks)")
+        """A handle (an argument, an allocation or a view of one) is true, as Python objects are
+        (``if bias:``); a computed tile's truth would depend on its data."""
+        if self.alloc.computed:
+            raise NKIError("data-dependent-control-flow", f"{self.describe()} has no truth value while the kernel "
+                           "is traced: control flow cannot depend on tile data (use nl.where or masks)")
+        return True
 
     # -- access ---------------------------------------------------------------------------
     def __getitem__(self, key):
@@ -486,9 +498,10 @@ class NkiTensor:
             self.alloc.groups.clear()
         if not self.alloc.written:
             raise NKIError("undefined-tile", f"{what}: {self.describe()} is read before anything was written to it")
+        _observe_cores(self, False, what)
         m = self._mask(mask)
         if self.alloc.shadow is not None:
-            defined = self._shadow_region()
+            defined = self._defined()
             defined = defined[torch.from_numpy(np.array(np.broadcast_to(m, self.shape)))] if m is not None else defined
             if not bool(defined.all()):
                 raise NKIError("undefined-tile", f"{what}: {self.describe()} is read where nothing was written "
@@ -509,9 +522,16 @@ class NkiTensor:
         if self.buffer is psum and self.alloc.groups and not accumulating:
             self.alloc.groups.clear()
         self._own(keep_values=mask is not None or self.key is not None)
-        if self.alloc.is_input and not self.alloc.mutable:
-            raise NKIError("immutable-input", f"{what}: the kernel writes to its input {self.alloc.name!r}, which it "
-                           "does not declare mutable (nki.jit(mutates_args=...) or nki_op(mutates_args=...))")
+        if self.alloc.is_input:
+            if not self.alloc.mutable:
+                raise NKIError("immutable-input", f"{what}: the operator writes to its input {self.alloc.name!r}, which "
+                               "it does not declare (nki_op(mutates_args=...), or annotate it nt.mutable_tensor)")
+            self.alloc.modified = True
+        _observe_cores(self, True, what)
+        if self.key is None and self.data is not self.alloc.root and any(
+                st == 0 and n > 1 for n, st in zip(self.shape, self.data.stride()[len(self.batch):])):
+            raise NKIError("access-pattern", f"{what}: {self.describe()} is a broadcast view (step 0), which can "
+                           "be read but not written")
         m = self._mask(mask)
         frame = _context.current().frame
         if isinstance(value, Affine):  # a loop-dependent integer: its value in each iteration
@@ -549,7 +569,7 @@ class NkiTensor:
         elif self.key is None:
             if fresh and target is self.data and not self.alloc.viewed and self.buffer.on_chip and \
                     value.shape == target.shape and value._base is None and value.is_contiguous():
-                self.data = value  # adopt: the value becomes the tile
+                self._replace_data(value)  # adopt: the value becomes the tile
                 self.alloc.shadow = None
             elif isinstance(value, torch.Tensor):
                 target.copy_(value)
@@ -561,39 +581,72 @@ class NkiTensor:
         if self.alloc.shadow is not None:
             self._mark_defined(m)
 
+    def _plain_shadow(self):
+        """Whether this access's part of the shadow has the geometry of its part of the data."""
+        return self.key is None and self.data.element_size() == self.alloc.root.element_size()
+
     def _shadow_region(self):
-        """This access's part of the tile's shadow (same geometry as its part of the data)."""
-        region = self.alloc.shadow.as_strided(self.data.size(), self.data.stride(), self.data.storage_offset())
-        return region if self.key is None else region[self._torch_key()]
+        """This access's part of the tile's shadow, as a view (see _plain_shadow)."""
+        return self.alloc.shadow.as_strided(self.data.size(), self.data.stride(), self.data.storage_offset())
+
+    def _shadow_index(self):
+        """Indices into the flat shadow of the tile elements this access covers: its shape, plus a
+        trailing dim when one of its elements spans several of the tile's (a reinterpreting view)."""
+        d = self.data
+        pos = torch.full((), d.storage_offset(), dtype=torch.int64)
+        for i, (n, st) in enumerate(zip(d.shape, d.stride())):
+            pos = pos + torch.arange(n).reshape([-1 if j == i else 1 for j in range(d.dim())]) * st
+        pos = pos.expand(d.shape)
+        if self.key is not None:
+            pos = pos[self._torch_key()]
+        root = self.alloc.root
+        e, s = d.element_size(), root.element_size()
+        first = pos * e - root.storage_offset() * s  # bytes into the tile
+        if e > s:
+            return (first // s).unsqueeze(-1) + torch.arange(e // s)
+        return first // s
+
+    def _defined(self):
+        """Check pass: which elements of this access hold data."""
+        if self._plain_shadow():
+            return self._shadow_region()
+        defined = self.alloc.shadow.view(-1)[self._shadow_index()]
+        return defined.all(-1) if self.data.element_size() > self.alloc.root.element_size() else defined
 
     def _mark_defined(self, mask=None):
         """Check pass: records which elements of the tile this write defined."""
         shadow = self.alloc.shadow
         if shadow is None:
             return
-        if self.key is not None and mask is not None:
-            index = tuple(torch.from_numpy(np.broadcast_to(a, self.shape)[np.array(mask)]) if isinstance(a, np.ndarray)
-                          else a for a in self.key)
-            shadow.as_strided(self.data.size(), self.data.stride(), self.data.storage_offset())[index] = True
-        elif mask is not None:
+        keep = None if mask is None else torch.from_numpy(np.array(np.broadcast_to(mask, self.shape)))
+        if self._plain_shadow():
             region = self._shadow_region()
-            region |= torch.from_numpy(np.array(np.broadcast_to(mask, self.shape)))
-        else:
-            self._shadow_region().fill_(True)
+            if keep is None:
+                region.fill_(True)
+            else:
+                region |= keep
+        else:  # a scatter or a reinterpreting view: a partly written element counts as written
+            index = self._shadow_index()
+            shadow.view(-1)[index if keep is None else index[keep]] = True
         if bool(shadow.all()):
             self.alloc.shadow = None  # wholly defined: nothing left to check
 
     def borrow(self, values):  # callers check borrowable(source) first
         """Loads a fresh SBUF tile from an input the kernel cannot write, without copying: the tile
         keeps the input's memory until something is about to write it or view it (then it copies)."""
-        self.data = values
+        self._replace_data(values)
         self.alloc.borrowed = self.alloc.written = True
         self.alloc.shadow = None
 
     def _own(self, keep_values=True):
-        if self.alloc.borrowed:
-            self.data = self.data.clone() if keep_values else torch.empty_like(self.data)
+        if self.alloc.borrowed:  # row-major, as the memory access patterns address
+            self._replace_data(self.data.clone(memory_format=torch.contiguous_format) if keep_values else
+                               torch.empty_like(self.data, memory_format=torch.contiguous_format))
             self.alloc.borrowed = False
+
+    def _replace_data(self, data):
+        """Gives this root tensor (nothing views it) new memory."""
+        self.data = self.alloc.root = data
 
     def _materialise_batch(self):
         """Views fix the layout: give a tile all its batch dims before the first view is made."""
@@ -614,10 +667,11 @@ class NkiTensor:
         if batch_sizes == list(self.data.shape[:len(self.batch)]):
             return
         if self.alloc.written:
-            self.data = self.data.expand(batch_sizes + list(self.shape)).clone()
+            self._replace_data(self.data.expand(batch_sizes + list(self.shape)).clone(
+                memory_format=torch.contiguous_format))
             self.alloc.borrowed = False
         else:
-            self.data = torch.empty(batch_sizes + list(self.shape), dtype=self.data.dtype)
+            self._replace_data(torch.empty(batch_sizes + list(self.shape), dtype=self.data.dtype))
 
     def _fit_frame(self, value, frame):
         """Drops the frame dims this tile does not have; iterations must agree on what they write."""
@@ -665,26 +719,158 @@ class NkiTensor:
 
     itemsize = property(lambda self: self.data.element_size())
 
-    def reshape(self, shape):
-        """A view with another shape (same elements, same memory), as NKI's ``tensor.reshape``."""
-        shape = tuple(int(n) for n in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    # -- views: the same memory seen another way ----------------------------------------------
+    def _view(self, what, rule, make):
+        """A view whose data is ``make(data, nb)`` (``nb``: the data's leading batch dims)."""
         if self.key is not None:
-            raise NKIError("reshape", f"{self.describe()}: an indexed access cannot be reshaped; reshape the tensor")
+            raise NKIError(rule, f"{what}: {self.describe()} is an indexed access (a gather); view the tensor")
+        self._materialise_batch()
+        try:
+            data = make(self.data, len(self.batch))
+        except NKIError:
+            raise
+        except RuntimeError as e:
+            raise NKIError(rule, f"{what} of {self.describe()}: {e}") from None
+        self.alloc.viewed = True
+        return NkiTensor(data, self.buffer, self.alloc, batch=self.batch)
+
+    def _dim(self, dim, what, extra=0):
+        """``dim`` (negative: from the end) as an index among ``ndim + extra`` dims."""
+        n = self.ndim + extra
+        if not isinstance(dim, (int, np.integer)) or not -n <= dim < n:
+            raise NKIError("index", f"{what}: {self.describe()} has no dimension {dim}")
+        return int(dim) % n
+
+    def reshape(self, *dims, new_shape=None, shape=None):
+        """A view with another shape (same elements, same memory): ``t.reshape((a, b))``,
+        ``t.reshape([a, b])``, ``t.reshape(a, b)`` or ``t.reshape(new_shape=...)``; one size may
+        be -1. HBM tensors reshape freely; an on-chip tile keeps its partition dimension."""
+        given = new_shape if new_shape is not None else shape
+        if given is not None:
+            dims = (given,)
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)):
+            dims = dims[0]
+        shape = [int(n) for n in dims]
+        if shape.count(-1) == 1:
+            known = math.prod(n for n in shape if n != -1)
+            shape[shape.index(-1)] = math.prod(self.shape) // known if known else 0
+        shape = tuple(shape)
         if self.buffer.on_chip and shape[:1] != self.shape[:1]:
             raise NKIError("reshape", f"{self.describe()}: reshaping to {shape} would move data across partitions; "
                            "an on-chip tile keeps its partition dimension")
-        self._materialise_batch()
-        try:
-            lead = list(self.data.shape[:len(self.batch)])
-            self.alloc.viewed = True
-            return NkiTensor(self.data.view(lead + list(shape)), self.buffer, self.alloc, batch=self.batch)
-        except RuntimeError as e:
-            raise NKIError("reshape", f"cannot reshape {self.describe()} to {shape}: {e}") from None
+        return self._view(f"reshape to {shape}", "reshape", lambda d, nb: d.view(list(d.shape[:nb]) + list(shape)))
 
-    def expand_dims(self, axis):
+    def expand_dim(self, dim):
+        """A view with a new dimension of size 1 at ``dim``."""
         shape = list(self.shape)
-        shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, 1)
+        shape.insert(self._dim(dim, "expand_dim", extra=1), 1)
         return self.reshape(shape)
+
+    expand_dims = expand_dim
+
+    def squeeze_dim(self, dim):
+        """A view without dimension ``dim``, which has size 1."""
+        dim = self._dim(dim, "squeeze_dim")
+        if self.shape[dim] != 1:
+            raise NKIError("reshape", f"squeeze_dim({dim}): dimension {dim} of {self.describe()} is not of size 1")
+        return self.reshape(self.shape[:dim] + self.shape[dim + 1:])
+
+    def flatten_dims(self, start_dim, end_dim):
+        """A view with dimensions ``start_dim`` to ``end_dim`` (inclusive) merged into one."""
+        start, end = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if start > end:
+            raise NKIError("index", f"flatten_dims({start_dim}, {end_dim}): the start comes after the end")
+        return self.reshape(self.shape[:start] + (math.prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
+
+    def reshape_dim(self, dim, shape):
+        """A view with dimension ``dim`` split into ``shape`` (one size may be -1)."""
+        dim = self._dim(dim, "reshape_dim")
+        shape = [int(n) for n in shape]
+        if shape.count(-1) == 1:
+            known = math.prod(n for n in shape if n != -1)
+            shape[shape.index(-1)] = self.shape[dim] // known if known else 0
+        if math.prod(shape) != self.shape[dim]:
+            raise NKIError("reshape", f"reshape_dim({dim}, {shape}): dimension {dim} of {self.describe()} has "
+                           f"{self.shape[dim]} elements")
+        return self.reshape(self.shape[:dim] + tuple(shape) + self.shape[dim + 1:])
+
+    def permute(self, *dims):
+        """A view with the dimensions in the order ``dims`` (a tuple, a list, or arguments). On chip
+        the partition dimension stays first."""
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+        dims = [self._dim(d, "permute") for d in dims]
+        if sorted(dims) != list(range(self.ndim)):
+            raise NKIError("index", f"permute({dims}): not an order of the {self.ndim} dimensions of {self.describe()}")
+        if self.buffer.on_chip and dims[0] != 0:
+            raise NKIError("access-pattern", f"permute({dims}) of {self.describe()}: the partition dimension of an "
+                           "on-chip tile stays first")
+        return self._view(f"permute({dims})", "access-pattern",
+                          lambda d, nb: d.permute(list(range(nb)) + [nb + i for i in dims]))
+
+    def broadcast(self, dim, size):
+        """A view repeating dimension ``dim`` (of size 1) ``size`` times (step 0: read-only)."""
+        dim = self._dim(dim, "broadcast")
+        if self.shape[dim] != 1:
+            raise NKIError("shape-mismatch", f"broadcast({dim}, {size}): dimension {dim} of {self.describe()} is not "
+                           "of size 1")
+        if self.buffer.on_chip and dim == 0:
+            raise NKIError("access-pattern", f"broadcast({dim}, {size}) of {self.describe()}: the partitions of an "
+                           "on-chip tile cannot be broadcast by a view (copy the data to each partition)")
+        return self._view(f"broadcast({dim}, {size})", "shape-mismatch",
+                          lambda d, nb: d.expand(list(d.shape[:nb + dim]) + [int(size)] + list(d.shape[nb + dim + 1:])))
+
+    def slice(self, dim, start, end, step=1):
+        """``t[..., start:end:step, ...]`` along ``dim`` (``start`` may be a loop variable)."""
+        dim = self._dim(dim, "slice")
+        return self[(slice(None),) * dim + (slice(start, end, step),)]
+
+    def select(self, dim, index):
+        """``t[..., index, ...]`` along ``dim``, which the result drops. ``index`` is an int, a loop
+        variable, or a 1x1 integer tile or register (its value now)."""
+        from torchneuron.nki._access import scalar_value
+        dim = self._dim(dim, "select")
+        if not isinstance(index, (int, np.integer, Affine)):
+            index = scalar_value(index, f"select({dim}) of {self.describe()}")
+            ctx = _context.current()
+            if (ctx.checking or ctx.trial) and isinstance(index, int):  # scratch data: the run pass checks it
+                index = min(max(index, 0), self.shape[dim] - 1)
+        return self[(slice(None),) * dim + (index,)]
+
+    def view(self, dtype):
+        """The same bytes read as ``dtype``; the last dimension rescales by the ratio of the sizes."""
+        from torchneuron.nki._access import reinterpret
+        from torchneuron.nki._ops import as_dtype
+        dtype = as_dtype(dtype)
+        what = f"view({str(dtype).replace('torch.', '')})"
+        out = self._view(what, "view", lambda d, nb: reinterpret(d, nb, dtype, f"{what} of {self.describe()}"))
+        if self.buffer.on_chip and out.shape[:1] != self.shape[:1]:
+            raise NKIError("view", f"{what} of {self.describe()} would change its partition dimension")
+        return out
+
+    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
+        """A raw access pattern over the memory of the whole tensor (see _access)."""
+        from torchneuron.nki._access import access_pattern
+        return access_pattern(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+
+    def _layout(self):
+        """(offset, strides) of this view in the tensor's memory flattened row-major, in elements."""
+        from torchneuron.nki._access import layout
+        offset, strides = layout(self)
+        return offset // self.itemsize, [st // self.itemsize for st in strides]
+
+    offset = property(lambda self: self._layout()[0])
+    strides = property(lambda self: tuple(self._layout()[1]))
+    size = property(lambda self: math.prod(self.shape))
+
+    def get_pattern(self):
+        """This view as ``[[step, count], ...]`` (outermost first) for ``.ap`` (with ``offset=t.offset``)."""
+        return [[st, n] for st, n in zip(self.strides, self.shape)]
+
+    def is_contiguous(self):
+        """Whether the view's elements are consecutive in memory, in order."""
+        from torchneuron.nki._access import row_major
+        return row_major(self.shape, self.strides)
 
     def astype(self, dtype):
         from torchneuron.nki import language
@@ -715,10 +901,17 @@ def _inplace(tile, other, op):
     return tile
 
 
+def _observe_cores(t, write, what):
+    """Check pass of a multi-program launch: HBM accesses are checked for races between programs."""
+    ctx = _context.current()
+    if ctx.lnc is not None and ctx.checking and not t.buffer.on_chip and not t.batch:
+        ctx.lnc.observe(t, write, what)
+
+
 def borrowable(src):
     """Whether a load from ``src`` may share its memory: an input, unwritten by a kernel that
     writes no input at all (an input it writes could alias this one)."""
-    return src.key is None and src.alloc.is_input and not src.alloc.mutable and _context.current().borrowing
+    return src.key is None and src.alloc.is_input and _context.current().borrowing
 
 
 def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transient=False):

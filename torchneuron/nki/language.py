@@ -18,6 +18,7 @@ __all__ = ["sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ds", "tile_size"
 
 # -- dtypes (torch dtypes, so ``dtype=a.dtype`` of a torch tensor works too) ---------------------
 bool_ = torch.bool
+bool = torch.bool  # noqa: A001 - nl.bool, as NKI names it
 int8, int16, int32 = torch.int8, torch.int16, torch.int32
 uint8, uint16, uint32 = torch.uint8, torch.uint16, torch.uint32
 float16, float32, bfloat16 = torch.float16, torch.float32, torch.bfloat16
@@ -70,8 +71,12 @@ def _hbm_tensor(shape, dtype, buffer, name):
     return t
 
 
-def ndarray(shape, dtype, buffer=None, name="", **kwargs):
+def ndarray(shape, dtype, buffer=None, name="", address=None, **kwargs):
+    """An uninitialised tensor (HBM) or tile (SBUF, the default, or PSUM). ``address`` (an
+    explicit placement on chip) is accepted; the emulator places tiles itself."""
     buffer = sbuf if buffer is None else buffer
+    if isinstance(buffer, str):
+        raise NKIError("buffer", f"nl.ndarray: buffer={buffer!r}: pass the buffer itself (nl.{buffer}), not its name")
     shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     dtype = as_dtype(dtype)
     if not buffer.on_chip:
@@ -104,6 +109,74 @@ def zeros_like(a, dtype=None, buffer=None, name="", **kwargs):
 
 def ones_like(a, dtype=None, buffer=None, name="", **kwargs):
     return ones(a.shape, dtype or a.dtype, buffer=buffer if buffer is not None else a.buffer, name=name)
+
+
+def shared_constant(constant, dtype=None, **kwargs):
+    """A constant (a NumPy array, or anything ``np.asarray`` takes) as a tensor in shared HBM."""
+    values = torch.from_numpy(np.array(constant))
+    if dtype is not None:
+        values = values.to(as_dtype(dtype))
+    return new_tile(values.shape, values.dtype, shared_hbm, name="shared constant", data=values.clone(), written=True)
+
+
+def shared_identity_matrix(n, dtype=None, dst=None, **kwargs):
+    """An n x n identity matrix in SBUF (the moving operand of a transposing matmul)."""
+    eye = torch.eye(int(n), dtype=as_dtype(dtype) or torch.uint8)
+    if dst is None:
+        return make_result(eye, eye.dtype, "nl.shared_identity_matrix")
+    dst.write(eye, what="nl.shared_identity_matrix")
+    return dst
+
+
+class NKIObject:
+    """Base of configuration objects used inside kernels: the class attributes (and annotated
+    fields) are the constructor's keywords, in the manner of a dataclass (a ``@dataclass``
+    subclass keeps its own ``__init__``). Instances stay ordinary, mutable Python objects."""
+
+    def __init__(self, *args, **kwargs):
+        fields = self._fields()
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
+                            f"({len(args)} given)")
+        for name, value in zip(fields, args):
+            kwargs.setdefault(name, value)
+        unknown = set(kwargs) - set(fields) - set(dir(type(self)))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {sorted(unknown)}")
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        post_init = getattr(self, "__post_init__", None)
+        if post_init is not None:
+            post_init()
+
+    @classmethod
+    def _fields(cls):
+        """Annotated fields, base classes first, in declaration order."""
+        names = []
+        for klass in reversed(cls.__mro__):
+            for name in getattr(klass, "__annotations__", {}):
+                if name not in names:
+                    names.append(name)
+        return names
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+def is_hbm(buffer):
+    return not buffer.on_chip
+
+
+def is_on_chip(buffer):
+    return buffer.on_chip
+
+
+def is_sbuf(buffer):
+    return buffer is sbuf
+
+
+def is_psum(buffer):
+    return buffer is psum
 
 
 def par_dim(n):
@@ -157,6 +230,49 @@ def _batched(ctx, site, iterations):
         yield Affine(iterations.start, {loop: iterations.step})
     finally:
         ctx.pop_loop(loop)
+
+
+def dynamic_range(start, stop=None, step=1):
+    """A loop run by the hardware, whose bounds may be registers (``nisa.register_alloc``) holding
+    values read from tiles: the emulator reads them when the loop starts."""
+    start = _register_value(start)
+    stop = _register_value(stop) if stop is not None else None
+    return _range("dynamic_range", start, stop, step)
+
+
+def _register_value(x):
+    if isinstance(x, (int, np.integer, Affine)):
+        return x
+    if hasattr(x, "__index__"):
+        return int(x.__index__())
+    return x
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """``for i in dynamic_range(lower, upper, step): body_fun(i)`` (state lives in tiles)."""
+    for i in dynamic_range(lower, upper, step):
+        body_fun(i)
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keeps the block's instructions in program order; the emulator runs
+    every instruction in program order anyway."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def nc(n):
+    """The older ``nl.nc(n)``: n physical cores of a logical core in a grid (``nl.spmd_dim``)."""
+    return int(n)
+
+
+def spmd_dim(*sizes):
+    """The older ``kernel[nl.spmd_dim(..., nl.nc(2))]`` grid axis: the product of its sizes."""
+    return math.prod(int(n) for n in sizes)
 
 
 def sequential_range(start, stop=None, step=1):
@@ -429,9 +545,11 @@ def _bind_operators():
         fn = g[name]
         setattr(NkiTensor, f"__{dunder}__", lambda self, other, fn=fn: fn(self, other))
         setattr(NkiTensor, f"__r{dunder}__", lambda self, other, fn=fn: fn(other, self))
-    for dunder, name in {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
-                         "eq": "equal", "ne": "not_equal"}.items():
+    for dunder, name in {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal"}.items():
         setattr(NkiTensor, f"__{dunder}__", lambda self, other, fn=g[name]: fn(self, other))
+    # `t == None` / `t != None` test an optional argument on the host (plain bools); tiles compare per element
+    NkiTensor.__eq__ = lambda self, other: False if other is None else g["equal"](self, other)
+    NkiTensor.__ne__ = lambda self, other: True if other is None else g["not_equal"](self, other)
     NkiTensor.__neg__ = lambda self: g["negative"](self)
     NkiTensor.__abs__ = lambda self: g["abs"](self)
     NkiTensor.__invert__ = lambda self: g["invert"](self)
