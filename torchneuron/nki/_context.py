@@ -57,7 +57,7 @@ class CallContext:
     trial: bool = False                 # True: a batching trial on scratch tensors (see _kernel)
     batchable: bool = False             # the check pass met an affine_range or grid that could batch
     borrowing: bool = False             # loads may share an input's memory (the kernel writes no input)
-    reduce_regs: object = None          # the scalar engine's accumulation registers (nisa.activation)
+    engine_state: object = None         # per core: accumulation registers, random generators (isa._state)
     grid: tuple = ()
     program: tuple = ()
     outputs: list = field(default_factory=list)         # shared_hbm tensors, in allocation order

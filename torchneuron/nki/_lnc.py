@@ -25,7 +25,7 @@ from torchneuron.nki import _context
 from torchneuron.nki._errors import NKIError, kernel_line
 
 # Per-program fields of the call context, swapped in and out as programs take turns.
-_PROGRAM_FIELDS = ("program", "cursor", "reduce_regs", "sbuf_in_use", "psum_in_use")
+_PROGRAM_FIELDS = ("program", "cursor", "engine_state", "sbuf_in_use", "psum_in_use")
 
 
 class _Abort(BaseException):
@@ -37,7 +37,7 @@ class Cores:
 
     def __init__(self, ctx, programs: list[tuple]):
         self.ctx, self.programs = ctx, programs
-        self.saved = [{"program": p, "cursor": 0, "reduce_regs": None, "sbuf_in_use": 0, "psum_in_use": 0}
+        self.saved = [{"program": p, "cursor": 0, "engine_state": None, "sbuf_in_use": 0, "psum_in_use": 0}
                       for p in programs]
         self.turn = threading.Condition()
         self.running: int | None = None

@@ -1,7 +1,7 @@
 """What the engines keep between the instructions of one kernel call: accumulation registers
 (Scalar and Vector Engine) and random number generator states (Vector and GpSimd Engine).
 
-The state lives in the call context's ``reduce_regs`` field, which the LNC scheduler keeps per
+The state lives in the call context's ``engine_state`` field, which the LNC scheduler keeps per
 program (each core has its own engines). Every call starts with no accumulated values and with
 generators in a fixed initial state, so the check pass and the run pass of a call (and two calls
 of a kernel) see the same random numbers unless the kernel seeds the generators from data.
@@ -34,9 +34,9 @@ class EngineState:
 
 def engine_state():
     ctx = _context.current()
-    if not isinstance(ctx.reduce_regs, EngineState):
-        ctx.reduce_regs = EngineState()
-    return ctx.reduce_regs
+    if not isinstance(ctx.engine_state, EngineState):
+        ctx.engine_state = EngineState()
+    return ctx.engine_state
 
 
 # reduce op -> (reduction over the free elements, combination of two partial results, identity)
