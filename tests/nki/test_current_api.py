@@ -193,3 +193,45 @@ def test_a_core_waiting_for_a_finished_one_is_a_deadlock_not_a_hang():
 
     with pytest.raises(nki.NKIError, match=r"lnc-deadlock.*program 0 waits at core_barrier"):
         nki.simulate(lonely[2])(np.zeros((2, 2), np.float32))
+
+
+def test_current_api_kernels_as_operators_in_compiled_code(alias):
+    """The unmodified kernel file's kernel (it writes its `out` argument and runs on two cores) and
+    an exchanging grid kernel, as operators inside torch.compile, eager and compiled alike."""
+    import torchneuron
+    from tests.nki.current_api import rmsnorm_lnc as k
+
+    # The configuration object is not an operator argument: the schema leaves it at its default.
+    norm = torchneuron.nki_op("nki_current_test::rmsnorm", mutates_args=("out",),
+                              schema="(Tensor x, Tensor(a!) out, Tensor? weight=None) -> ()")(k.rmsnorm[2])
+    swap = torchneuron.wrap_nki(exchange[2])
+
+    def f(x, w):
+        out = torch.empty_like(x)
+        norm(x, out, w)
+        return swap(out) * 2
+
+    torch._dynamo.reset()
+    x, w = torch.randn(256, 64), torch.randn(64)
+    want = torch.from_numpy(k.reference(x.numpy(), w.numpy()))
+    want = torch.cat([want[128:], want[:128]]) * 2
+    compiled = torch.compile(f, backend="neuron", fullgraph=True)
+    for fn in (f, compiled):
+        torch.testing.assert_close(fn(x.to("neuron"), w.to("neuron")).cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_operator_schema_follows_nt_annotations():
+    import torchneuron
+
+    def scale_into(x, out: nt.mutable_tensor):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+        nisa.dma_copy(dst=out, src=t)
+
+    torchneuron.nki_op("nki_current_test::scale_into")(scale_into)
+    schema = str(torch.ops.nki_current_test.scale_into.default._schema)
+    assert "Tensor(a!) out" in schema and schema.endswith("-> ()"), schema
+    x, out = torch.randn(4, 8, device="neuron"), torch.zeros(4, 8, device="neuron")
+    torch.ops.nki_current_test.scale_into(x, out)
+    torch.testing.assert_close(out.cpu(), x.cpu() * 3)

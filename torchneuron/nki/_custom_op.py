@@ -16,6 +16,7 @@ import typing
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torchneuron.nki import typing as nt
 from torchneuron.nki._kernel import Kernel, jit
 
 _SCALAR_TYPES = {int: "SymInt", float: "float", bool: "bool", str: "str"}
@@ -24,7 +25,7 @@ _wrapped = {}
 
 
 def _type_of(param, annotation):
-    if annotation is torch.Tensor:
+    if annotation is torch.Tensor or isinstance(annotation, nt.tensor.__class__):  # nt.tensor[...], nt.mutable_tensor
         return "Tensor"
     if annotation in _SCALAR_TYPES:
         return _SCALAR_TYPES[annotation]
