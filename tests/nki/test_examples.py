@@ -222,10 +222,19 @@ def test_moe_tkg(top_k):
 
 @pytest.mark.parametrize("name", ["cumsum_kernel", "cumsum_cumulative_kernel"])
 def test_cumsum(name):
-    """3000 columns: two scan chunks (the carry) and a partial row tile."""
+    """300 x 9000: two full row tiles (a batched loop) and a partial one, two column chunks (the carry)."""
     torch.manual_seed(0)
-    x = torch.randn(200, 3000)
+    x = torch.randn(300, 9000)
     _check(getattr(cumsum, name), cumsum.reference, [x], rtol=1e-5, atol=1e-4)
+
+
+def test_cumsum_bf16():
+    """bf16 in and out: the sums are fp32 and rounded once."""
+    torch.manual_seed(0)
+    x = torch.randn(128, 2500).bfloat16()
+    out = nki.simulate(cumsum.cumsum_cumulative_kernel)(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, cumsum.reference(x), rtol=1e-2, atol=1e-1)
 
 
 def test_cumsum_matmul():
