@@ -906,3 +906,33 @@ def test_new_instructions_batch_in_affine_loops(monkeypatch):
     assert plan_of(kernel).unbatchable == frozenset(), plan_of(kernel).batching_note
     for x, y in zip(batched, sequential(kernel, a, p, monkeypatch=monkeypatch)):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_nc_matmul_accumulates_per_element_into_overlapping_regions():
+    """accumulate=None: elements an earlier matmul of the open group wrote accumulate, the others
+    are overwritten, whatever the regions' shapes."""
+
+    @nki.jit
+    def overlapping(a, b):
+        s = nl.ndarray((64, 32), dtype=nl.float32, buffer=nl.sbuf)
+        m = nl.ndarray((64, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s, src=a)
+        nisa.dma_copy(dst=m, src=b)
+        ps = nl.ndarray((32, 384), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps[:, 0:256], s, m)                  # opens the group over 0:256
+        nisa.nc_matmul(ps[:, 128:256], s, m[:, 0:128])      # inside it: accumulates
+        nisa.nc_matmul(ps[:, 192:384], s, m[:, 0:192])      # 192:256 accumulate, 256:384 are new
+        out = nl.ndarray((32, 384), dtype=nl.float32, buffer=nl.shared_hbm)
+        r = nl.ndarray((32, 384), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=r, src=ps)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 32), dtype=np.float32), rng.standard_normal((64, 256), dtype=np.float32)
+    p = a.T @ b
+    want = np.zeros((32, 384), np.float32)
+    want[:, 0:256] = p
+    want[:, 128:256] += p[:, 0:128]
+    want[:, 192:384] = np.concatenate([want[:, 192:256], np.zeros((32, 128), np.float32)], axis=1) + p[:, 0:192]
+    np.testing.assert_allclose(nki.simulate(overlapping)(a, b), want, rtol=1e-4, atol=1e-4)

@@ -113,8 +113,15 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NKIError("shape-mismatch", f"{what}: the product has shape {expected} but dst is {dst.describe()}")
     groups = _groups(dst)
     region = _region(dst)
-    add = accumulate if accumulate is not None else region in groups
+    add = accumulate if accumulate is not None else _in_open_group(dst, region, groups)
     frame = _context.current().frame
+    if isinstance(add, torch.Tensor):  # the region partly overlaps an open group: add there, overwrite elsewhere
+        if frame or dst.batch or dst.key is not None:
+            raise Unbatchable(frame or set(dst.batch), "a matmul partly overlapping an accumulation group")
+        product = _batched_product(s, m, dst, is_transpose, accumulate)
+        dst.write(torch.where(add, dst.data.float() + product, product), what=what, accumulating=True)
+        groups.add(region)
+        return
     if not frame and not dst.batch and not is_transpose and dst.key is None and dst.dtype == torch.float32:
         if add:  # accumulate in place, as PSUM does
             dst.read(what=f"{what} accumulate", accumulating=True)
@@ -165,6 +172,22 @@ def _batched_product(s, m, dst, is_transpose, accumulate):
     for i in summed:
         product = product.unsqueeze(i)
     return product
+
+
+def _in_open_group(dst, region, groups):
+    """Whether the elements of ``dst`` are in an open accumulation group: True, False, or (when
+    the region overlaps the groups' elements in part) a bool tensor of dst's shape."""
+    if region in groups:
+        return True
+    if not groups:
+        return False
+    flat = torch.zeros(dst.data.untyped_storage().nbytes() // dst.data.element_size(), dtype=torch.bool)
+    for offset, shape, stride in groups:
+        flat.as_strided(shape, stride, offset).fill_(True)
+    mine = flat.as_strided(region[1], region[2], region[0])
+    if bool(mine.all()):
+        return True
+    return mine.clone() if bool(mine.any()) else False
 
 
 def _groups(t):
