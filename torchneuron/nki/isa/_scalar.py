@@ -45,9 +45,16 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         if reduce_res is not None or reduce_op is not None:
             raise NKIError("engine", f"{what}: the gpsimd engine has no accumulation registers")
     v = compute(tile(data, f"{what} data")).float()
-    x = wrap_torch_errors(what, apply, torch.mul, v, column(scale, f"{what} scale", data), False)
-    if bias is not None:
-        x = wrap_torch_errors(what, apply, torch.add, x, column(bias, f"{what} bias", data), False)
+    scale = column(scale, f"{what} scale", data)
+    bias = None if bias is None else column(bias, f"{what} bias", data)
+    # One pass per stage that does something (scale 1 and no bias are the common case).
+    if isinstance(scale, (int, float)) and bias is not None and not isinstance(bias, (int, float)):
+        x = wrap_torch_errors(what, lambda: torch.add(bias, v, alpha=scale))
+    else:
+        x = v if isinstance(scale, (int, float)) and scale == 1 else \
+            wrap_torch_errors(what, apply, torch.mul, v, scale, False)
+        if bias is not None:
+            x = wrap_torch_errors(what, apply, torch.add, x, bias, False)
     out = wrap_torch_errors(what, fn, x)
     record(eng, "activation", dst.shape, dst.dtype)
     dst_write(dst, out, what, fresh=True)

@@ -32,6 +32,9 @@ def _affine(name, x, reverse, inner):
 def _linear_scan(a, b, start):
     """``acc_i = a_i * acc_(i-1) + b_i`` along the last dim from ``acc_(-1) = start``: prefix
     compositions of the affine maps in log2(n) whole-tile steps (Hillis-Steele)."""
+    if bool((torch.as_tensor(a) == 1).all()):  # a running sum (cumsum kernels): one sequential pass
+        return torch.cumsum(torch.as_tensor(b).expand(torch.broadcast_shapes(torch.as_tensor(a).shape,
+                                                                            torch.as_tensor(b).shape)), -1) + start
     a, b = torch.broadcast_tensors(torch.as_tensor(a), torch.as_tensor(b))
     a, b = a.clone(), b.clone()
     step = 1

@@ -163,6 +163,8 @@ def _batched_product(s, m, dst, is_transpose, accumulate):
         for i in reversed(summed):
             product = product.sum(dim=i, keepdim=True)
         return product
+    if not summed:  # one (batched) GEMM; BLAS reads the transposed operand in place
+        return torch.matmul(s.float().transpose(-1, -2), m.float())
     letters = "abcdefghijlmnopqrstuvw"[:n]  # loop dims; k, x, y name the tile dims
     kept = "".join(c for i, c in enumerate(letters) if i not in summed)
     product = torch.einsum(f"{letters}kx,{letters}ky->{kept}xy", s.float(), m.float())
