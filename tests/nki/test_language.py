@@ -372,3 +372,18 @@ def test_loaded_tiles_written_afterwards_never_write_the_input():
     np.testing.assert_array_equal(out[1], np.concatenate([np.zeros((128, 2), np.float32), a[:, 2:]], axis=1))
     np.testing.assert_array_equal(out[2], 7.0)
     np.testing.assert_array_equal(out[3], a)
+
+
+def test_a_reduced_tile_applies_to_each_partition_row():
+    """A reduction without keepdims leaves a [P] tile; in arithmetic it lines up with the partition
+    dimension (row-wise), not with the free dimension as NumPy's trailing alignment would."""
+
+    @nki.jit
+    def normalise_rows(a):
+        t = nl.load(a)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=t / nl.sum(t, axis=1))
+        return out
+
+    a = np.random.default_rng(0).random((128, 128)).astype(np.float32) + 0.5  # square: both alignments run
+    np.testing.assert_allclose(run(normalise_rows, a), a / a.sum(axis=1, keepdims=True), rtol=1e-5)

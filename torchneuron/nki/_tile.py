@@ -7,6 +7,7 @@ resolved when the access is read or written (a gather or scatter), so masked-off
 lie outside the tensor.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -32,11 +33,19 @@ shared_hbm = Buffer("shared_hbm", False)
 private_hbm = Buffer("private_hbm", False)
 
 
+class ParDim(int):
+    """A shape entry marking the partition dimension of an on-chip tensor (``nl.par_dim(n)``). The
+    dimensions before it are block dimensions (NKI's (B, P, F) tensors): each block is a (P, F) tile
+    with a live range of its own, and only the partition dimension is limited to ``pmax``."""
+
+    __slots__ = ()
+
+
 class Allocation:
     """What all views of one tensor share: its name, where it was made, whether it holds data."""
 
     __slots__ = ("name", "line", "written", "is_input", "mutable", "modified", "groups", "viewed", "borrowed",
-                 "shadow", "root", "root_batch", "computed", "__weakref__")
+                 "shadow", "root", "root_batch", "computed", "live", "__weakref__")
 
     def __init__(self, name, written=False, is_input=False, mutable=False):
         self.name, self.written, self.is_input, self.mutable = name, written, is_input, mutable
@@ -49,6 +58,7 @@ class Allocation:
         # The whole tensor's data and batch loops (set by its first NkiTensor): what access patterns address.
         self.root, self.root_batch = None, ()
         self.computed = False  # the result of a computation (a value, not a handle: no truth value)
+        self.live = None  # check pass, on-chip tiles: its live range (_context.Live)
         self.line = None if is_input else kernel_position()
 
     def describe(self):
@@ -250,6 +260,68 @@ def _line_slice(arr, axis, n_axes):
     return slice(start, start + line.size)
 
 
+def _varies(a, axis):
+    """Whether ``a`` (a NumPy array or torch tensor) takes more than one value along ``axis``."""
+    if a.shape[axis] < 2:
+        return False
+    head = tuple(slice(1, None) if d == axis else slice(None) for d in range(a.ndim))
+    tail = tuple(slice(None, -1) if d == axis else slice(None) for d in range(a.ndim))
+    return bool((a[head] != a[tail]).any())
+
+
+def _grid_key(key):
+    """Index arrays from a dense grid with more axes than the access has array subscripts, as in
+    ``i_p, i_1, i_f = nl.mgrid[0:128, 0:1, 0:F]`` and then ``t[i_p, i_f]`` or ``w[i_1, i_f]``: NKI
+    gives the access one dim per grid axis its subscripts use (in subscript order; a subscript
+    that uses none, a size-1 dim), not NumPy's broadcast of all the grid's axes. Other keys
+    (``nl.arange`` expressions, whose size-1 dims are ``None`` positions the kernel wrote, and
+    grids the access uses every axis of) are returned as they are."""
+    pos = [i for i, k in enumerate(key) if isinstance(k, (np.ndarray, _Shifted))]
+    values = [key[i].values if isinstance(key[i], _Shifted) else key[i] for i in pos]
+    try:
+        shape = np.broadcast_shapes(*(v.shape for v in values))
+    except ValueError:
+        return key
+    if len(shape) <= len(pos) or not any(v.shape[d] > 1 and not _varies(v, d) for v in values for d in range(v.ndim)):
+        return key  # (a dense grid repeats each index along the axes it does not vary along)
+    full = [np.broadcast_to(v, shape) for v in values]
+    order = []  # per dim of the access: a grid axis, or None (a subscript that uses no axis)
+    for v in full:
+        mine = [d for d in range(len(shape)) if d not in order and _varies(v, d)]
+        order += mine or [None]
+    used = sorted(d for d in order if d is not None)
+    pick = tuple(slice(None) if d in used else 0 for d in range(len(shape)))
+    perm = [used.index(d) for d in order if d is not None]
+    ones = [i for i, d in enumerate(order) if d is None]
+    out = list(key)
+    for i, v in zip(pos, full):
+        v = np.expand_dims(v[pick].transpose(perm), ones) if ones else v[pick].transpose(perm)
+        out[i] = _Shifted(v, key[i].offset) if isinstance(key[i], _Shifted) else v
+    return tuple(out)
+
+
+def _fit_dims(m, shape, lead=0):
+    """A mask ``m`` (an array, or a tensor with ``lead`` loop-frame dims) made for more or larger
+    dims than the tile of ``shape`` it applies to: made on a larger grid (see _grid_key), or for a
+    reduction's input and applied to its result (size 1 along the reduced dims). Dims it does not
+    vary along are dropped (size-1 ones first) or taken once, so it fits; other masks are returned
+    as they are."""
+    extra = m.ndim - lead - len(shape)
+    if extra > 0:
+        dims = range(lead, m.ndim)
+        spare = [d for d in dims if m.shape[d] == 1] + [d for d in dims if m.shape[d] > 1 and not _varies(m, d)]
+        for drop in itertools.combinations(spare, extra):
+            if all(k in (1, n) for k, n in zip([m.shape[d] for d in dims if d not in drop], shape)):
+                m = m[tuple(0 if d in drop else slice(None) for d in range(m.ndim))]
+                break
+        else:
+            return m
+    once = [d for d, n in zip(range(lead, m.ndim), shape) if n == 1 and m.shape[d] > 1 and not _varies(m, d)]
+    if once:
+        m = m[tuple(slice(0, 1) if d in once else slice(None) for d in range(m.ndim))]
+    return m
+
+
 def _as_basic(key):
     """The key with every array index turned into a slice, or None if some cannot be."""
     arrays = [i for i, k in enumerate(key) if isinstance(k, (np.ndarray, _Shifted))]
@@ -332,7 +404,10 @@ def mask_array(mask, shape):
     keeps everything."""
     if mask is None:
         return None
-    m = mask.keep if isinstance(mask, LoopMask) else np.broadcast_to(_values(mask), shape)
+    if isinstance(mask, LoopMask):
+        m = _fit_dims(mask.keep, shape, lead=len(mask.frame))
+    else:
+        m = np.broadcast_to(_fit_dims(np.asarray(_values(mask)), shape), shape)
     return None if bool(m.all()) else m
 
 
@@ -446,7 +521,7 @@ class NkiTensor:
         if not self.batch and type(key) is tuple and all(type(k) is slice or type(k) is int for k in key) \
                 and len(key) <= self.ndim and _in_bounds(key, self.shape):
             return NkiTensor(self.data[key], self.buffer, self.alloc)  # the common case, kept fast
-        key = _normalise(key, self.ndim, self.describe())
+        key = _grid_key(_normalise(key, self.ndim, self.describe()))
         basic = _as_basic(key)
         if basic is not None:
             view = _basic_view(self, basic)
@@ -471,7 +546,8 @@ class NkiTensor:
                 raise Unbatchable(set(mask.frame) | set(_context.current().frame), "a loop-dependent mask used "
                                   "outside its loop, or on a gather")
             return mask_array(mask, self.shape)
-        m = np.broadcast_to(_values(mask), self.shape) if mask is not None else None
+        m = np.broadcast_to(_fit_dims(np.asarray(_values(mask)), self.shape), self.shape) \
+            if mask is not None else None
         if self.key is not None:
             inside = np.ones(self.shape, dtype=bool)
             for a, n in zip(self.key, self.data.shape):
@@ -489,7 +565,7 @@ class NkiTensor:
         return tuple(torch.from_numpy(np.clip(a, 0, n - 1)) if isinstance(a, np.ndarray) else a
                      for a, n in zip(self.key, self.data.shape))
 
-    def read(self, mask=None, what="read", accumulating=False):
+    def read(self, mask=None, what="read", accumulating=False, touch=True):
         """The values of this access as a torch tensor (a view for basic accesses).
 
         Reading a PSUM tile (other than a matmul accumulating into it) ends its accumulation groups.
@@ -506,6 +582,8 @@ class NkiTensor:
             if not bool(defined.all()):
                 raise NKIError("undefined-tile", f"{what}: {self.describe()} is read where nothing was written "
                                f"({int((~defined).sum())} of {defined.numel()} elements read are undefined)")
+        if self.alloc.live is not None and touch:  # an accumulation reads and writes: it ends its instruction
+            self._touch(accumulating)
         value = self.data if self.key is None else self.data[self._torch_key()]
         frame = _context.current().frame
         if self.batch or frame:
@@ -578,8 +656,7 @@ class NkiTensor:
         else:
             target[self._torch_key()] = value
         self.alloc.written = True
-        if self.alloc.shadow is not None:
-            self._mark_defined(m)
+        self._mark_defined(m)
 
     def _plain_shadow(self):
         """Whether this access's part of the shadow has the geometry of its part of the data."""
@@ -613,8 +690,36 @@ class NkiTensor:
         defined = self.alloc.shadow.view(-1)[self._shadow_index()]
         return defined.all(-1) if self.data.element_size() > self.alloc.root.element_size() else defined
 
+    def _touch(self, write):
+        """Check pass: this access is used by the current instruction (see _context.Ledger); a write
+        ends the instruction."""
+        live = self.alloc.live
+        if live is not None:
+            live.ledger.touch(live, write, self._blocks() if live.blocks > 1 else None)
+        elif write and not self.buffer.on_chip and _context.current().checking:
+            _context.current().ledger().tick((self.alloc.name, self.alloc.line))
+
+    def _blocks(self):
+        """The blocks (of a tensor with block dims) this access covers, as an index array; None: all."""
+        root, live = self.alloc.root, self.alloc.live
+        if self.data.untyped_storage().data_ptr() != root.untyped_storage().data_ptr() or \
+                root.storage_offset() or not root.is_contiguous():
+            return None  # (memory borrowed from an input)
+        per_block = root.numel() // live.blocks
+        d = self.data
+        if self.key is None and d.element_size() == root.element_size():
+            if d.numel() == 0:
+                return np.zeros(0, np.int64)
+            low = d.storage_offset()
+            high = low + sum((n - 1) * st for n, st in zip(d.shape, d.stride()))
+            if low // per_block == high // per_block:
+                return np.array([low // per_block])
+        return np.unique(self._shadow_index().reshape(-1).numpy() // per_block)
+
     def _mark_defined(self, mask=None):
-        """Check pass: records which elements of the tile this write defined."""
+        """Check pass: records that this access was written (its live range, and which elements
+        of the tile this write defined)."""
+        self._touch(True)
         shadow = self.alloc.shadow
         if shadow is None:
             return
@@ -634,9 +739,12 @@ class NkiTensor:
     def borrow(self, values):  # callers check borrowable(source) first
         """Loads a fresh SBUF tile from an input the kernel cannot write, without copying: the tile
         keeps the input's memory until something is about to write it or view it (then it copies)."""
+        loading = not self.alloc.written  # (nl.load's result was written when it was made)
         self._replace_data(values)
         self.alloc.borrowed = self.alloc.written = True
         self.alloc.shadow = None
+        if loading:
+            self._touch(True)
 
     def _own(self, keep_values=True):
         if self.alloc.borrowed:  # row-major, as the memory access patterns address
@@ -693,29 +801,27 @@ class NkiTensor:
     def __setitem__(self, key, value):
         whole = key is Ellipsis or (type(key) is slice and key == slice(None))
         target = self if whole else self[key]
+        direct = None
         if isinstance(value, NkiTensor):
             value._check_on_chip("tile assignment")
-            value = value.read(what="tile assignment")
+            # `t[...] = op(...)`: the instruction writes its result into t itself, no tile in between
+            live = value.alloc.live
+            if live is not None and value.alloc.computed and value.key is None and value.data is value.alloc.root \
+                    and live.ledger.elide(live):
+                direct = live
+            value = value.read(what="tile assignment", touch=direct is None)
         target._check_on_chip("tile assignment")
         target.write(value, what="tile assignment")
+        into = target.alloc.live
+        if direct is not None and into is not None and into.ledger is direct.ledger:
+            direct.ledger.into(direct, into, target._blocks() if into.blocks > 1 else None)
 
     def _check_on_chip(self, what):
         if not self.buffer.on_chip:
             raise NKIError("compute-on-chip", f"{what}: {self.describe()} is in {self.buffer.name}; compute reads "
                            "and writes SBUF or PSUM tiles only (move data with nl.load / nl.store)")
 
-    # -- arithmetic operators delegate to the language (bound in language.py) ----------------
-    def __iadd__(self, other):
-        return _inplace(self, other, "add")
-
-    def __isub__(self, other):
-        return _inplace(self, other, "subtract")
-
-    def __imul__(self, other):
-        return _inplace(self, other, "multiply")
-
-    def __itruediv__(self, other):
-        return _inplace(self, other, "divide")
+    # Arithmetic operators, in place or not, are the language's (bound in language.py).
 
     itemsize = property(lambda self: self.data.element_size())
 
@@ -886,21 +992,6 @@ class NkiTensor:
         return language.transpose(self)
 
 
-def _inplace(tile, other, op):
-    """``tile op= other``. Across a batched loop, ``+=``/``-=`` accumulate every iteration's value."""
-    from torchneuron.nki import _ops, language
-    tile._check_on_chip(f"in-place {op}")
-    values = _ops.operand(other, f"in-place {op}")
-    if op in ("add", "subtract") and _context.current().frame:
-        values = _ops.accumulate_over(_ops.frame_constant(torch.as_tensor(values)) if not isinstance(
-            values, torch.Tensor) else values, tile)
-    current = _ops.compute(tile.read(what=f"in-place {op}"))
-    result = language._BINARY[op](*language._tensor_args([current, _ops.compute(values)]))
-    _ops.record("vector", op, tile.shape, tile.dtype)
-    tile.write(result, what=f"in-place {op}")
-    return tile
-
-
 def _observe_cores(t, write, what):
     """Check pass of a multi-program launch: HBM accesses are checked for races between programs."""
     ctx = _context.current()
@@ -923,17 +1014,19 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transi
     ``transient`` tile (``nl.matmul``'s product, which NKI accumulates in place) is not.
     """
     ctx = _context.current()
+    part = next((i for i, n in enumerate(shape) if isinstance(n, ParDim)), 0)
     shape = tuple(int(n) for n in shape)
     alloc = Allocation(name, written=written)
     if buffer.on_chip:
         if not shape:
             raise NKIError("tile-shape", f"a tile in {buffer.name} needs at least one dimension (the partition "
                            "dimension)")
-        if shape[0] > ctx.platform.pmax:
+        if shape[part] > ctx.platform.pmax:
             raise NKIError("partition-dim", f"a tile of shape {shape} in {buffer.name} has partition dimension "
-                           f"{shape[0]}, but a tile has at most {ctx.platform.pmax} partitions")
+                           f"{shape[part]}, but a tile has at most {ctx.platform.pmax} partitions")
         if ctx.checking and not transient:
-            ctx.allocate(alloc, buffer.name, shape, dtype.itemsize)
+            alloc.live = ctx.allocate((alloc.name, alloc.line, shape, str(dtype).replace("torch.", "")),
+                                      buffer.name, shape, dtype.itemsize, part)
     batch = () if buffer is shared_hbm else ctx.frame
     if data is None:  # batch dims of size 1 until the first write (see NkiTensor._grow)
         full = [1] * len(batch) + list(shape)
@@ -945,4 +1038,7 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transi
             data = torch.empty(full, dtype=dtype)
         if ctx.checking and buffer.on_chip and not written:  # per-element undefined reads
             alloc.shadow = torch.zeros_like(data, dtype=torch.bool)
-    return NkiTensor(data, buffer, alloc, batch=batch)
+    tile = NkiTensor(data, buffer, alloc, batch=batch)
+    if written and alloc.live is not None:  # a result: written by the instruction that made it
+        tile._touch(True)
+    return tile

@@ -6,12 +6,14 @@ import math
 import numpy as np
 import torch
 
-from torchneuron.nki import _context
+from torchneuron.nki import _alu, _context
+from torchneuron.nki._alu import reduction_axes, tensor_args
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError, kernel_position
 from torchneuron.nki._ops import (as_dtype, check_one_psum_input, check_partitions, compute, lead, make_result,
                                   operand, record, result_dtype, tile_shape, wrap_torch_errors)
-from torchneuron.nki._tile import (IndexExpr, NkiTensor, borrowable, ds, hbm, new_tile, private_hbm, psum, sbuf,
+from torchneuron.nki.isa._tensor import check_matmul
+from torchneuron.nki._tile import (IndexExpr, NkiTensor, ParDim, borrowable, ds, hbm, new_tile, private_hbm, psum, sbuf,
                                    shared_hbm)
 
 __all__ = ["sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ds", "tile_size"]
@@ -77,7 +79,8 @@ def ndarray(shape, dtype, buffer=None, name="", address=None, **kwargs):
     buffer = sbuf if buffer is None else buffer
     if isinstance(buffer, str):
         raise NKIError("buffer", f"nl.ndarray: buffer={buffer!r}: pass the buffer itself (nl.{buffer}), not its name")
-    shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    shape = shape if isinstance(shape, (tuple, list)) else (shape,)
+    shape = tuple(n if isinstance(n, ParDim) else int(n) for n in shape)
     dtype = as_dtype(dtype)
     if not buffer.on_chip:
         return _hbm_tensor(shape, dtype, buffer, name)
@@ -180,8 +183,9 @@ def is_psum(buffer):
 
 
 def par_dim(n):
-    """Marks the partition dimension in a shape (the first dimension is the partition dimension here)."""
-    return int(n)
+    """Marks the partition dimension in a shape: dimensions before it are block dimensions (each
+    block a tile of its own); without a mark the first dimension is the partition dimension."""
+    return ParDim(int(n))
 
 
 # -- index expressions ---------------------------------------------------------------------------
@@ -376,7 +380,6 @@ def transpose(x, dtype=None, mask=None, **kwargs):
 
 def matmul(x, y, transpose_x=False, mask=None, **kwargs):
     """``x @ y`` (``x.T @ y`` with transpose_x) into a new fp32 PSUM tile."""
-    from torchneuron.nki.isa import check_matmul
     xs, ys = operand(x, "nl.matmul x"), operand(y, "nl.matmul y")
     if not isinstance(xs, torch.Tensor) or not isinstance(ys, torch.Tensor):
         raise NKIError("operand", "nl.matmul multiplies two tiles")
@@ -388,104 +391,24 @@ def matmul(x, y, transpose_x=False, mask=None, **kwargs):
 
 
 # -- element-wise math ----------------------------------------------------------------------------
-def _gelu_tanh(x):
-    return torch.nn.functional.gelu(x, approximate="tanh")
-
-
-_UNARY = {
-    "abs": torch.abs, "negative": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt, "square": torch.square, "reciprocal": torch.reciprocal, "sin": torch.sin,
-    "cos": torch.cos, "tan": torch.tan, "tanh": torch.tanh, "arctan": torch.arctan, "sign": torch.sign,
-    "ceil": torch.ceil, "floor": torch.floor, "trunc": torch.trunc, "erf": torch.erf,
-    "erf_dx": lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x),
-    "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-    "gelu_apprx_tanh": _gelu_tanh, "gelu_apprx_sigmoid": lambda x: x * torch.sigmoid(1.702 * x),
-    "silu": torch.nn.functional.silu, "softplus": torch.nn.functional.softplus,
-    "mish": torch.nn.functional.mish, "logical_not": torch.logical_not, "invert": torch.bitwise_not,
-    "bypass": torch.clone, "identity": torch.clone,
-}
-_BINARY = {
-    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
-    "maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow, "fmod": torch.fmod,
-    "mod": torch.remainder, "equal": torch.eq, "not_equal": torch.ne, "greater": torch.gt,
-    "greater_equal": torch.ge, "less": torch.lt, "less_equal": torch.le, "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or, "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
-    "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "left_shift": torch.bitwise_left_shift,
-    "right_shift": torch.bitwise_right_shift, "abs_max": lambda a, b: torch.maximum(torch.abs(a), torch.abs(b)),
-}
-_BOOL_RESULT = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
-                "logical_or", "logical_xor", "logical_not"}
-# Which engine runs an op by default, for the cost model.
-_SCALAR_ENGINE = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "gelu_apprx_tanh", "gelu_apprx_sigmoid",
-                  "silu", "softplus", "mish", "erf", "erf_dx", "sin", "cos", "tan", "arctan", "relu", "square"}
-
-
-def _tensor_args(args):
-    """Scalars as tensors; tiles of fewer dims padded (after the batch dims) so they broadcast as
-    NumPy would broadcast the tiles themselves."""
-    args = [torch.as_tensor(a) if not isinstance(a, torch.Tensor) else a for a in args]
-    n = lead()
-    ranks = [a.dim() - n for a in args if a.dim()]
-    rank = builtins.max(ranks) if ranks else 0
-    for i, a in enumerate(args):
-        if a.dim() and a.dim() - n < rank:
-            args[i] = a.reshape(list(a.shape[:n]) + [1] * (rank - a.dim() + n) + list(a.shape[n:]))
-    return args
-
-
-def _elementwise(name, fn, arity):
-    def op(*args, dtype=None, mask=None, **kwargs):
-        if len(args) != arity:
-            raise NKIError("arguments", f"nl.{name} takes {arity} operand(s), got {len(args)}")
-        check_one_psum_input(f"nl.{name}", *args)
-        values = [compute(operand(a, f"nl.{name}")) for a in args]
-        if not builtins.any(isinstance(v, torch.Tensor) for v in values):
-            raise NKIError("operand", f"nl.{name} needs at least one tile operand")
-        out_dtype = as_dtype(dtype) or (torch.bool if name in _BOOL_RESULT else result_dtype(args, None))
-        out = wrap_torch_errors(f"nl.{name}", fn, *_tensor_args(values))
-        record("scalar" if name in _SCALAR_ENGINE else "vector", name, tile_shape(out), out_dtype)
-        return make_result(out, out_dtype, f"nl.{name}", mask)
-
-    op.__name__ = op.__qualname__ = name
-    op.torch_fn = fn
-    op.arity = arity
-    return op
-
-
-for _name, _fn in _UNARY.items():
-    globals()[_name] = _elementwise(_name, _fn, 1)
-for _name, _fn in _BINARY.items():
-    globals()[_name] = _elementwise(_name, _fn, 2)
+# The element-wise ops (ALU and activation functions), shared with nki.isa.
+globals().update(_alu.OPS)
 
 
 def where(condition, x, y, dtype=None, mask=None, **kwargs):
     c = operand(condition, "nl.where condition")
     xv, yv = compute(operand(x, "nl.where x")), compute(operand(y, "nl.where y"))
-    out = wrap_torch_errors("nl.where", lambda: torch.where(*_tensor_args([c.bool(), xv, yv])))
+    out = wrap_torch_errors("nl.where", lambda: torch.where(*tensor_args([c.bool(), xv, yv])))
     out_dtype = as_dtype(dtype) or result_dtype([x, y], None)
     record("vector", "where", tile_shape(out), out_dtype)
     return make_result(out, out_dtype, "nl.where", mask)
 
 
 # -- reductions ----------------------------------------------------------------------------------
-def _axes(axis, ndim, what):
-    """The reduced axes of a tile of ``ndim`` dims, checked, as dims of its frame-aligned values."""
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    axes = tuple(a % ndim for a in axes)
-    if 0 in axes:
-        raise NKIError("reduce-partition", f"{what}: axis 0 is the partition dimension; reductions run along free "
-                       "dimensions (transpose the tile, or use a matmul with a ones vector)")
-    if sorted(axes) != list(range(ndim - len(axes), ndim)):
-        raise NKIError("reduce-axes", f"{what}: reduced axes {axes} must be the last contiguous free axes of a "
-                       f"{ndim}-D tile")
-    n = lead()
-    return tuple(sorted(a + n for a in axes))
-
-
 def _reduction(name, fn, bool_result=False, float_result=False):
     def op(x, axis, dtype=None, mask=None, keepdims=False, **kwargs):
         values = compute(operand(x, f"nl.{name}"))
-        axes = _axes(axis, values.dim() - lead(), f"nl.{name}")
+        axes = reduction_axes(axis, values.dim() - lead(), f"nl.{name}")
         out = fn(values, axes, keepdims)
         out_dtype = as_dtype(dtype) or (torch.bool if bool_result else torch.float32 if float_result and
                                         not x.dtype.is_floating_point else x.dtype)
@@ -517,7 +440,7 @@ sum.torch_fn, max.torch_fn, min.torch_fn = torch.sum, torch.amax, torch.amin
 
 def softmax(x, axis, dtype=None, compute_dtype=None, mask=None, **kwargs):
     values = compute(operand(x, "nl.softmax"))
-    axes = _axes(axis, values.dim() - lead(), "nl.softmax")
+    axes = reduction_axes(axis, values.dim() - lead(), "nl.softmax")
     shifted = values - torch.amax(values, dim=axes, keepdim=True)
     e = torch.exp(shifted)
     out = e / torch.sum(e, dim=axes, keepdim=True)
@@ -529,7 +452,7 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=N
     """``x / sqrt(sum(x**2, axis) / n + epsilon) * w``."""
     values = compute(operand(x, "nl.rms_norm x"))
     weight = compute(operand(w, "nl.rms_norm w"))
-    axes = _axes(axis, values.dim() - lead(), "nl.rms_norm")
+    axes = reduction_axes(axis, values.dim() - lead(), "nl.rms_norm")
     rms = torch.sqrt(torch.sum(values * values, dim=axes, keepdim=True) / n + epsilon)
     out = wrap_torch_errors("nl.rms_norm", lambda: values / rms * weight)
     record("scalar", "rms_norm", tile_shape(values), x.dtype, passes=3)
@@ -550,6 +473,8 @@ def _bind_operators():
     # `t == None` / `t != None` test an optional argument on the host (plain bools); tiles compare per element
     NkiTensor.__eq__ = lambda self, other: False if other is None else g["equal"](self, other)
     NkiTensor.__ne__ = lambda self, other: True if other is None else g["not_equal"](self, other)
+    for dunder, name in {"iadd": "add", "isub": "subtract", "imul": "multiply", "itruediv": "divide"}.items():
+        setattr(NkiTensor, f"__{dunder}__", lambda self, other, name=name: _alu.inplace(self, other, name))
     NkiTensor.__neg__ = lambda self: g["negative"](self)
     NkiTensor.__abs__ = lambda self: g["abs"](self)
     NkiTensor.__invert__ = lambda self: g["invert"](self)

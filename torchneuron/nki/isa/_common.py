@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki import language as nl
+from torchneuron.nki import _alu
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._ops import compute, lead, operand
 from torchneuron.nki._tile import NkiTensor, psum, sbuf
@@ -32,7 +32,7 @@ def op_name(op):
 def alu(op, what):
     """(name, torch function, number of operands) of an ALU or activation op."""
     name = op_name(op)
-    nl_op = getattr(nl, name, None)
+    nl_op = getattr(_alu, name, None)
     fn = _EXTRA.get(name) or getattr(nl_op, "torch_fn", None)
     if fn is None:
         raise NKIError("alu-op", f"{what}: {op!r} is not an NKI ALU or activation op (use nl.add, nl.exp, ...)")

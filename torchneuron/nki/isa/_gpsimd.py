@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from torchneuron.nki import language as nl
+from torchneuron.nki import _alu
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki.isa._common import (BITVEC, REDUCTIONS, alu, broadcast_lead, check_dtype, free_size, in_sbuf,
                                          integer_dtype, per_partition, tile)
@@ -45,7 +45,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **kwargs):
     dst_write(dst, frame_constant(torch.from_numpy(values.astype(np.int32))), "nisa.iota")
 
 
-def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal, offset=0,
+def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=_alu.equal, offset=0,
                   name=None, **kwargs):
     """``dst = on_true_tile`` where ``cmp_op(affine value, 0)`` holds, else the number
     ``on_false_value``; the affine value is iota's (e.g. causal masks)."""

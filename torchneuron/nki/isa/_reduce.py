@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import torchneuron.nki.isa.constants as C
-from torchneuron.nki import language as nl
+from torchneuron.nki import _alu
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki.isa._common import (BITVEC, alu, alu_stage, check_dtype, column, per_partition, require_version,
                                          same_layout, shaped, tile)
@@ -75,7 +75,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
 
 
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=C.reduce_cmd.idle,
-                  reduce_op=nl.maximum, reverse_pred=False, name=None, **kwargs):
+                  reduce_op=_alu.maximum, reverse_pred=False, name=None, **kwargs):
     """``dst = on_true`` where ``predicate`` is nonzero (zero with ``reverse_pred``), else
     ``on_false`` (a number or a (P, 1) tile); the per-partition maximum of the result goes into
     the accumulation registers (``reset_reduce`` starts from -inf)."""
@@ -104,7 +104,7 @@ _RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
 
 
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=C.reduce_cmd.reset_reduce,
-                 reduce_res=None, reduce_op=nl.maximum, range_start=0, on_false_value=FP32_MIN, name=None, **kwargs):
+                 reduce_res=None, reduce_op=_alu.maximum, range_start=0, on_false_value=FP32_MIN, name=None, **kwargs):
     """``dst[p, j] = on_true_tile[p, j]`` where ``comp_op0(range_start + j, bound0[p])`` and
     ``comp_op1(range_start + j, bound1[p])`` hold (j: the flattened free index, compared in fp32),
     else ``on_false_value`` (which the hardware fixes at the fp32 minimum); the per-partition

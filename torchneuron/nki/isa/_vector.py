@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 import torchneuron.nki.isa.constants as C
+from torchneuron.nki import _alu
 from torchneuron.nki._batch import Affine
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki.isa._common import (BITVEC, REDUCTIONS, alu, alu_stage, buffer_of, check_dtype, engine_name,
@@ -156,13 +157,12 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, **kwargs):
     """``dst = op`` reduced over ``axis`` (the last free axes), times -1 with ``negate``
     (arithmetic ops only); the reduced axes stay as size 1 with ``keepdims``."""
-    from torchneuron.nki.language import _axes
     what = "nisa.tensor_reduce"
     op_name = alu(op, f"{what} op")[0]
     if op_name not in REDUCTIONS:
         raise NKIError("reduce-op", f"{what}: nl.{op_name} is not a reduction op ({', '.join(REDUCTIONS)})")
     v = compute(tile(data, what))
-    axes = _axes(axis, len(data.shape), what)
+    axes = _alu.reduction_axes(axis, len(data.shape), what)
     if op_name in BITVEC:
         integer_dtype(what, "data", data)
         integer_dtype(what, "dst", dst)
