@@ -69,13 +69,12 @@ Pending& pending_of(runtime::Stream& s) {
 }
 
 thread_local bool t_idle_flusher = false;
-thread_local int t_op_by_op = 0;  // OpByOpFlushes scopes
 // The streams this thread is flushing, outermost first (a program's
 // allocation may wait for the device, which flushes the other streams).
 thread_local std::vector<const runtime::Stream*> t_flushing;
 
 bool python_usable() {
-  return engine_ready() && !t_idle_flusher && t_op_by_op == 0 && !runtime::on_worker_thread() && Py_IsInitialized() &&
+  return engine_ready() && !t_idle_flusher && !runtime::on_worker_thread() && Py_IsInitialized() &&
          !_Py_IsFinalizing();
 }
 
@@ -209,7 +208,7 @@ void run(runtime::Stream& s, Segment& seg) {
   m.segments++;
   m.ops_deferred += int64_t(seg.ops.size());
   std::string_view why = !seg.unsupported.empty() ? seg.unsupported
-                         : !python_usable()       ? std::string_view("flushed where no program may run (idle flush, under a lock)")
+                         : !python_usable()       ? std::string_view("flushed where no program may run (idle flush, stream worker)")
                          : seg.ops.size() < 2     ? std::string_view("a single op")
                                                   : std::string_view();
   if (!why.empty()) {
@@ -239,11 +238,11 @@ void flush(runtime::Stream& s) {
   // it launches); its flush mutex is held, below.
   if (std::find(t_flushing.begin(), t_flushing.end(), &s) != t_flushing.end()) return;
   Pending& p = pending_of(s);
-  if (t_op_by_op > 0 || runtime::on_worker_thread()) {
-    // This thread may hold a lock that another thread's running flush needs
-    // (a stream worker freeing memory under the allocator's lock records
-    // events, which flush; the program allocates): it must not wait for that
-    // flush, and passes it (what it enqueues may precede the segment's tasks).
+  if (runtime::on_worker_thread()) {
+    // A stream worker (freeing memory that another stream used records an
+    // event there, which flushes) must not wait for another thread's running
+    // flush: that flush's program may wait for the device, hence for this
+    // worker. It passes it (what it enqueues may precede the segment's tasks).
     if (!p.flush_mutex.try_lock()) return;
   } else {
     lock_without_gil(p.flush_mutex);
@@ -293,9 +292,6 @@ Settings& settings() {
 }
 
 std::atomic<bool> g_enabled{runtime::config().adaptive_eager};
-
-OpByOpFlushes::OpByOpFlushes() { ++t_op_by_op; }
-OpByOpFlushes::~OpByOpFlushes() { --t_op_by_op; }
 
 void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
 

@@ -11,7 +11,6 @@
 #include <c10/util/Exception.h>
 
 #include "Current.h"
-#include "../adaptive/Adaptive.h"
 #include "../profiler/Recorder.h"
 
 namespace torchneuron::backend {
@@ -134,18 +133,22 @@ class DeviceCache {
   }
 
   void free(Block* block) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (block->pool) {
-      // Graph memory: replays still write it, so it stays the pool's (and
-      // counts as allocated) until the last graph using the pool is reset.
-      // Later allocations of captures into the same pool may take it: replays
-      // run in capture order, so the earlier uses are done by then (as CUDA's
-      // graph pools assume).
-      auto it = pools_.find(block->pool);
-      if (it != pools_.end()) return it->second.held.push_back(block);
-      block->pool = 0;
+    std::vector<int> uses;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (block->pool) {
+        // Graph memory: replays still write it, so it stays the pool's (and
+        // counts as allocated) until the last graph using the pool is reset.
+        // Later allocations of captures into the same pool may take it: replays
+        // run in capture order, so the earlier uses are done by then (as CUDA's
+        // graph pools assume).
+        auto it = pools_.find(block->pool);
+        if (it != pools_.end()) return it->second.held.push_back(block);
+        block->pool = 0;
+      }
+      uses = free_locked(block);
     }
-    free_locked(block);
+    if (!uses.empty()) wait_for_uses(block, uses);
   }
 
   void retain_pool(uint64_t pool) {
@@ -153,15 +156,19 @@ class DeviceCache {
     pools_[pool].users++;
   }
   void release_pool(uint64_t pool) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = pools_.find(pool);
-    if (it == pools_.end() || --it->second.users > 0) return;
-    auto held = std::move(it->second.held);
-    pools_.erase(it);
-    for (Block* b : held) {
-      b->pool = 0;
-      free_locked(b);
+    std::vector<std::pair<Block*, std::vector<int>>> used;  // blocks other streams still use
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = pools_.find(pool);
+      if (it == pools_.end() || --it->second.users > 0) return;
+      auto held = std::move(it->second.held);
+      pools_.erase(it);
+      for (Block* b : held) {
+        b->pool = 0;
+        if (auto uses = free_locked(b); !uses.empty()) used.emplace_back(b, std::move(uses));
+      }
     }
+    for (auto& [b, uses] : used) wait_for_uses(b, uses);
   }
 
  private:
@@ -180,27 +187,35 @@ class DeviceCache {
     return block;
   }
 
-  void free_locked(Block* block) {
+  // Marks the block free. Returns the other streams still using it (their
+  // events must be passed before reuse: wait_for_uses), or releases it to its
+  // pool at once.
+  std::vector<int> free_locked(Block* block) {
     block->allocated = false;
     update(stats_.allocation, block->small, -1);
     update(stats_.allocated_bytes, block->small, -int64_t(block->size));
     update(stats_.requested_bytes, block->small, -int64_t(block->requested));
     // Frees run on any thread (often a stream worker): no source line.
     if (profiler::recording()) record(block, -int64_t(block->size), {});
-    if (!block->stream_uses.empty()) {
-      // Other streams may still use the memory: reuse waits for them. The
-      // records flush deferred work, which must not run a compiled program
-      // here: it would allocate under this lock.
-      adaptive::OpByOpFlushes op_by_op;
-      for (int s : block->stream_uses) {
-        block->pending.emplace_back();
-        block->pending.back().record(runtime::get_stream(device_, s));
-      }
-      block->stream_uses.clear();
-      pending_.push_back(block);
-      return;
+    if (block->stream_uses.empty()) {
+      release_to_pool(block);
+      return {};
     }
-    release_to_pool(block);
+    std::vector<int> uses(block->stream_uses.begin(), block->stream_uses.end());
+    block->stream_uses.clear();
+    return uses;
+  }
+
+  // Records an event on each stream that still uses a freed block; the block
+  // is reused once they have passed. Called without the lock: a record flushes
+  // the stream's deferred work (adaptive eager), whose tensors this very
+  // allocator may free.
+  void wait_for_uses(Block* block, const std::vector<int>& uses) {
+    std::vector<runtime::Event> events(uses.size());
+    for (size_t i = 0; i < uses.size(); ++i) events[i].record(runtime::get_stream(device_, uses[i]));
+    std::lock_guard<std::mutex> lock(mutex_);
+    block->pending = std::move(events);
+    pending_.push_back(block);
   }
 
  public:

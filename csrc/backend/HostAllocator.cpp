@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "Current.h"
-#include "../adaptive/Adaptive.h"
 
 namespace torchneuron::backend {
 
@@ -58,12 +57,18 @@ class PinnedAllocator final : public at::HostAllocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 
   bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!lookup_locked(ptr)) return false;
+    }
+    // Recorded without the lock: a record flushes the stream's deferred work
+    // (adaptive eager), whose tensors may hold pinned memory this allocator frees.
+    runtime::Event event;
+    event.record(runtime_stream(stream));
     std::lock_guard<std::mutex> lock(mutex_);
-    auto* block = lookup_locked(ptr);
+    auto* block = lookup_locked(ptr);  // the caller's tensor keeps the block allocated
     if (!block) return false;
-    block->events.emplace_back();
-    adaptive::OpByOpFlushes op_by_op;  // the record may flush: no compiled program under this lock
-    block->events.back().record(runtime_stream(stream));
+    block->events.push_back(std::move(event));
     return true;
   }
 
