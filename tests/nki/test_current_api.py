@@ -179,7 +179,7 @@ def test_core_barrier_orders_the_cores_and_a_missing_one_is_a_race():
     np.testing.assert_array_equal(out, np.concatenate([a[2:], a[:2]]))
     # Program 0 runs first and reads the half program 1 has not written yet: the conflict is
     # reported at program 1's write.
-    with pytest.raises(nki.NKIError, match=r"lnc-race.*program 1 writes .*program 0 read or wrote"):
+    with pytest.raises(nki.NKIError, match=r"lnc-race.*program 1 writes .*program 0 read it"):
         nki.simulate(_reverse_halves(False)[2])(a)
 
 

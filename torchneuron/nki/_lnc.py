@@ -190,32 +190,41 @@ class Cores:
         me = self.rank()
         shadow = self.shadows.get(id(tensor.alloc))
         if shadow is None:
-            shadow = self.shadows[id(tensor.alloc)] = _Shadow(tensor.alloc.root, len(self.programs))
+            shadow = self.shadows[id(tensor.alloc)] = _Shadow(tensor.alloc.root)
         index = tensor._shadow_index().reshape(-1)  # the allocation's elements under the access
-        clock = self.clocks[me]
-        for other in range(len(self.programs)):
-            if other == me:
+        clock = torch.tensor(self.clocks[me])
+        checks = [("wrote", shadow.writer, shadow.written)]
+        if write:
+            checks.append(("read", shadow.reader, shadow.read))
+        for did, who, when in checks:
+            other = who[index]
+            theirs = (other >= 0) & (other != me)
+            if not bool(theirs.any()):
                 continue
-            # Clock values of `other` this program has not synchronised with yet.
-            conflicts = shadow.writes[other][index] >= clock[other]
-            if write:
-                conflicts |= shadow.reads[other][index] >= clock[other]
-            if bool(conflicts.any()):
+            # An access of another program this one has not synchronised with since.
+            unordered = when[index][theirs] >= clock[other[theirs].long()]
+            if bool(unordered.any()):
+                first = int(other[theirs][unordered][0])
                 raise NKIError("lnc-race", f"{what}: program {me} {'writes' if write else 'reads'} "
-                               f"{tensor.describe()} where program {other} {'read or wrote' if write else 'wrote'} it "
-                               "with no nisa.core_barrier or nisa.sendrecv between them; on hardware the result "
-                               "depends on timing")
-        (shadow.writes if write else shadow.reads)[me][index] = clock[me]  # clocks only grow
+                               f"{tensor.describe()} where program {first} {did} it with no nisa.core_barrier or "
+                               "nisa.sendrecv between them; on hardware the result depends on timing")
+        who, when = (shadow.writer, shadow.written) if write else (shadow.reader, shadow.read)
+        who[index] = me
+        when[index] = clock[me]
 
 
 class _Shadow:
-    """Per element of an HBM allocation, per program: the clock of its last write and of its last
-    read (-1: never)."""
+    """Per element of an HBM allocation: the program that last wrote it and the one that last read
+    it, with their clocks then (-1: nobody). One writer suffices: a write unordered with the
+    previous one is reported. Reads keep only the last reader, so a write racing with an earlier
+    reader of another program than the last one goes unseen (grids of more than two programs)."""
 
-    def __init__(self, root, n):
+    def __init__(self, root):
         span = root.untyped_storage().nbytes() // root.element_size()
-        self.writes = [torch.full((span,), -1, dtype=torch.int64) for _ in range(n)]
-        self.reads = [torch.full((span,), -1, dtype=torch.int64) for _ in range(n)]
+        self.writer = torch.full((span,), -1, dtype=torch.int32)
+        self.written = torch.zeros(span, dtype=torch.int64)
+        self.reader = torch.full((span,), -1, dtype=torch.int32)
+        self.read = torch.zeros(span, dtype=torch.int64)
 
 
 def core_barrier(data, cores, engine=None, name=None, **kwargs):
