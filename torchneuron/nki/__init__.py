@@ -13,6 +13,7 @@ tensors it runs in the simulator. Rules of the language and the hardware are che
 anything runs (``NKIError`` names the rule and the kernel line). See docs/nki.md.
 """
 
+from torchneuron.nki import _access  # noqa: F401 - binds the tensor methods that address memory (.ap, .view, ...)
 from torchneuron.nki import isa, language, typing
 from torchneuron.nki._alias import install_alias, uninstall_alias
 from torchneuron.nki._cost import CostReport

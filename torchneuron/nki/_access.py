@@ -21,6 +21,7 @@ import torch
 
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
+from torchneuron.nki._dtypes import as_dtype
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import NkiTensor
 
@@ -239,7 +240,6 @@ def _moved(start, moves, shift):
 
 def access_pattern(t, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
     """``t.ap(...)``: see the module docstring."""
-    from torchneuron.nki._ops import as_dtype
     what = f"{t.describe()}: .ap"
     if t.key is not None:
         raise NKIError("index", f"{what}: an indexed access (a gather) cannot take an access pattern; call .ap on "
@@ -337,3 +337,52 @@ def _gathered(t, dtype, start, moves, rows, pairs, total, in_order, what):
     index = (np.where(inside, index[0], shape[0]),) + tuple(index[1:])  # outside: reported when used
     return NkiTensor(root, t.buffer, t.alloc, key=tuple(np.broadcast_to(a, addresses.shape) for a in index),
                      shape=addresses.shape)
+
+
+# -- the methods of NkiTensor that address memory --------------------------------------------------
+
+def _select(self, dim, index):
+    """``t[..., index, ...]`` along ``dim``, which the result drops. ``index`` is an int, a loop
+    variable, or a 1x1 integer tile or register (its value now)."""
+    dim = self._dim(dim, "select")
+    if not isinstance(index, (int, np.integer, Affine)):
+        index = scalar_value(index, f"select({dim}) of {self.describe()}")
+        ctx = _context.current()
+        if (ctx.checking or ctx.trial) and isinstance(index, int):  # scratch data: the run pass checks it
+            index = min(max(index, 0), self.shape[dim] - 1)
+    return self[(slice(None),) * dim + (index,)]
+
+
+def _view_as(self, dtype):
+    """The same bytes read as ``dtype``; the last dimension rescales by the ratio of the sizes."""
+    dtype = as_dtype(dtype)
+    what = f"view({str(dtype).replace('torch.', '')})"
+    out = self._view(what, "view", lambda d, nb: reinterpret(d, nb, dtype, f"{what} of {self.describe()}"))
+    if self.buffer.on_chip and out.shape[:1] != self.shape[:1]:
+        raise NKIError("view", f"{what} of {self.describe()} would change its partition dimension")
+    return out
+
+
+def _ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
+    """A raw access pattern over the memory of the whole tensor (see _access)."""
+    return access_pattern(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+
+
+def _layout(self):
+    """(offset, strides) of this view in the tensor's memory flattened row-major, in elements."""
+    offset, strides = layout(self)
+    return offset // self.itemsize, [st // self.itemsize for st in strides]
+
+
+def _is_contiguous(self):
+    """Whether the view's elements are consecutive in memory, in order."""
+    return row_major(self.shape, self.strides)
+
+
+NkiTensor.select = _select
+NkiTensor.view = _view_as
+NkiTensor.ap = _ap
+NkiTensor._layout = _layout
+NkiTensor.offset = property(lambda self: self._layout()[0])
+NkiTensor.strides = property(lambda self: tuple(self._layout()[1]))
+NkiTensor.is_contiguous = _is_contiguous

@@ -15,6 +15,10 @@ with the loop. Those loops then run iteration by iteration. Which loops batch is
 kernel signature by a trial run on scratch data, whose outputs must match the sequential run's.
 """
 
+import torch
+
+from torchneuron.nki import _context
+
 
 class Unbatchable(Exception):
     """The batched form cannot express an operation of these loops (ids)."""
@@ -59,10 +63,7 @@ class Affine(Additive):
     def _unbatchable(self, what):
         raise Unbatchable(self.coeffs, f"{what} of a loop variable needs its value (the loop runs sequentially)")
 
-    def __add__(self, other):
-        from torchneuron.nki._tile import IndexExpr
-        if isinstance(other, IndexExpr):
-            return other + self
+    def __add__(self, other):  # an index expression plus a loop variable: IndexExpr.__radd__
         if isinstance(other, Affine):
             coeffs = dict(self.coeffs)
             for loop, c in other.coeffs.items():
@@ -118,3 +119,16 @@ class Affine(Additive):
 def simplify(x):
     return x.const if isinstance(x, Affine) and not x.coeffs else x
 
+
+def affine_values(a):
+    """A loop-dependent integer as a tensor aligned to the loop frame."""
+    ctx = _context.current()
+    if any(loop not in ctx.frame for loop in a.coeffs):
+        raise Unbatchable(a.coeffs, "a loop variable used after its batched loop ended")
+    out = torch.full([1] * len(ctx.frame), a.const, dtype=torch.int64)
+    for i, loop in enumerate(ctx.frame):
+        if loop in a.coeffs:
+            shape = [1] * len(ctx.frame)
+            shape[i] = ctx.loop_sizes[loop]
+            out = out + a.coeffs[loop] * torch.arange(ctx.loop_sizes[loop]).reshape(shape)
+    return out

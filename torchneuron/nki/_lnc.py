@@ -22,7 +22,9 @@ import threading
 import torch
 
 from torchneuron.nki import _context
+from torchneuron.nki._batch import Unbatchable
 from torchneuron.nki._errors import NKIError, kernel_line
+from torchneuron.nki._tile import NkiTensor
 
 # Per-program fields of the call context, swapped in and out as programs take turns.
 _PROGRAM_FIELDS = ("program", "cursor", "engine_state", "sbuf_in_use", "psum_in_use")
@@ -123,7 +125,6 @@ class Cores:
         if ready():
             return
         if self.ctx.frame:
-            from torchneuron.nki._batch import Unbatchable
             raise Unbatchable(self.ctx.frame, f"{what} inside a batched loop")
         with self.turn:
             self.waiting[rank] = (what, kernel_line(), ready)
@@ -243,8 +244,6 @@ def core_barrier(data, cores, engine=None, name=None, **kwargs):
 
 def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, dma_engine=None, name=None, **kwargs):
     """Sends ``src`` to program ``send_to_rank`` and receives ``dst`` from ``recv_from_rank``."""
-    from torchneuron.nki._tile import NkiTensor
-
     for role, t in (("src", src), ("dst", dst)):
         if not isinstance(t, NkiTensor):
             raise NKIError("operand", f"nisa.sendrecv: {role} must be a tensor or tile, got {type(t).__name__}")
@@ -268,6 +267,5 @@ def _group():
     (a grid without barriers runs that way) cannot meet: the grid then runs program by program."""
     ctx = _context.current()
     if ctx.lnc is None and any(not isinstance(p, int) for p in ctx.program):
-        from torchneuron.nki._batch import Unbatchable
         raise Unbatchable(ctx.frame, "programs that synchronise (core_barrier, sendrecv) run one per core")
     return ctx.lnc

@@ -4,28 +4,10 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki._batch import Affine, Unbatchable
+from torchneuron.nki._batch import Affine, Unbatchable, affine_values  # noqa: F401 - re-exported
+from torchneuron.nki._dtypes import as_dtype  # noqa: F401 - re-exported
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import NkiTensor, keep_only, mask_array, new_tile, psum, sbuf
-
-_DTYPES = {
-    "bool": torch.bool, "bool_": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-    "int64": torch.int64, "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32,
-    "float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16, "tfloat32": torch.float32,
-    "float8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-}
-
-
-def as_dtype(dtype):
-    """A torch dtype from an nl dtype, a torch or NumPy dtype, or a dtype name."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise NKIError("dtype", f"unsupported dtype {dtype!r}") from None
-
 
 def operand(x, what):
     """A tile's values (as a torch tensor) or a Python scalar, checked for use in compute."""
@@ -72,20 +54,6 @@ def lead():
 
 def tile_shape(values):
     return tuple(values.shape[lead():])
-
-
-def affine_values(a):
-    """A loop-dependent integer as a tensor aligned to the loop frame."""
-    ctx = _context.current()
-    if any(loop not in ctx.frame for loop in a.coeffs):
-        raise Unbatchable(a.coeffs, "a loop variable used after its batched loop ended")
-    out = torch.full([1] * len(ctx.frame), a.const, dtype=torch.int64)
-    for i, loop in enumerate(ctx.frame):
-        if loop in a.coeffs:
-            shape = [1] * len(ctx.frame)
-            shape[i] = ctx.loop_sizes[loop]
-            out = out + a.coeffs[loop] * torch.arange(ctx.loop_sizes[loop]).reshape(shape)
-    return out
 
 
 def frame_constant(values):

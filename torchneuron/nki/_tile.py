@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki._batch import Additive, Affine, Unbatchable, simplify
+from torchneuron.nki._batch import Additive, Affine, Unbatchable, affine_values, simplify
+from torchneuron.nki._dtypes import as_dtype
 from torchneuron.nki._errors import NKIError, kernel_position
 
 
@@ -150,7 +151,6 @@ class LoopMask:
     @staticmethod
     def tensor(x):
         """``x`` (index expression, loop variable, mask or number) as a frame-aligned tensor."""
-        from torchneuron.nki._ops import affine_values
         n = len(_context.current().frame)
         if isinstance(x, LoopMask):
             return x.keep
@@ -613,7 +613,6 @@ class NkiTensor:
         m = self._mask(mask)
         frame = _context.current().frame
         if isinstance(value, Affine):  # a loop-dependent integer: its value in each iteration
-            from torchneuron.nki._ops import affine_values
             value = affine_values(value)
             value = value.reshape(list(value.shape) + [1] * len(self.shape))
         if isinstance(value, torch.Tensor) and frame:
@@ -821,7 +820,8 @@ class NkiTensor:
             raise NKIError("compute-on-chip", f"{what}: {self.describe()} is in {self.buffer.name}; compute reads "
                            "and writes SBUF or PSUM tiles only (move data with nl.load / nl.store)")
 
-    # Arithmetic operators, in place or not, are the language's (bound in language.py).
+    # Arithmetic operators, in place or not, astype, broadcast_to and T are the language's (bound
+    # in language.py); the methods that address memory (ap, view, select, ...) are _access's.
 
     itemsize = property(lambda self: self.data.element_size())
 
@@ -931,65 +931,13 @@ class NkiTensor:
         dim = self._dim(dim, "slice")
         return self[(slice(None),) * dim + (slice(start, end, step),)]
 
-    def select(self, dim, index):
-        """``t[..., index, ...]`` along ``dim``, which the result drops. ``index`` is an int, a loop
-        variable, or a 1x1 integer tile or register (its value now)."""
-        from torchneuron.nki._access import scalar_value
-        dim = self._dim(dim, "select")
-        if not isinstance(index, (int, np.integer, Affine)):
-            index = scalar_value(index, f"select({dim}) of {self.describe()}")
-            ctx = _context.current()
-            if (ctx.checking or ctx.trial) and isinstance(index, int):  # scratch data: the run pass checks it
-                index = min(max(index, 0), self.shape[dim] - 1)
-        return self[(slice(None),) * dim + (index,)]
-
-    def view(self, dtype):
-        """The same bytes read as ``dtype``; the last dimension rescales by the ratio of the sizes."""
-        from torchneuron.nki._access import reinterpret
-        from torchneuron.nki._ops import as_dtype
-        dtype = as_dtype(dtype)
-        what = f"view({str(dtype).replace('torch.', '')})"
-        out = self._view(what, "view", lambda d, nb: reinterpret(d, nb, dtype, f"{what} of {self.describe()}"))
-        if self.buffer.on_chip and out.shape[:1] != self.shape[:1]:
-            raise NKIError("view", f"{what} of {self.describe()} would change its partition dimension")
-        return out
-
-    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
-        """A raw access pattern over the memory of the whole tensor (see _access)."""
-        from torchneuron.nki._access import access_pattern
-        return access_pattern(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
-
-    def _layout(self):
-        """(offset, strides) of this view in the tensor's memory flattened row-major, in elements."""
-        from torchneuron.nki._access import layout
-        offset, strides = layout(self)
-        return offset // self.itemsize, [st // self.itemsize for st in strides]
-
-    offset = property(lambda self: self._layout()[0])
-    strides = property(lambda self: tuple(self._layout()[1]))
     size = property(lambda self: math.prod(self.shape))
 
     def get_pattern(self):
         """This view as ``[[step, count], ...]`` (outermost first) for ``.ap`` (with ``offset=t.offset``)."""
         return [[st, n] for st, n in zip(self.strides, self.shape)]
 
-    def is_contiguous(self):
-        """Whether the view's elements are consecutive in memory, in order."""
-        from torchneuron.nki._access import row_major
-        return row_major(self.shape, self.strides)
 
-    def astype(self, dtype):
-        from torchneuron.nki import language
-        return language.copy(self, dtype=dtype)
-
-    def broadcast_to(self, shape):
-        from torchneuron.nki import language
-        return language.broadcast_to(self, shape=shape)
-
-    @property
-    def T(self):
-        from torchneuron.nki import language
-        return language.transpose(self)
 
 
 def _observe_cores(t, write, what):

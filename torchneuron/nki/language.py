@@ -475,6 +475,9 @@ def _bind_operators():
     NkiTensor.__ne__ = lambda self, other: True if other is None else g["not_equal"](self, other)
     for dunder, name in {"iadd": "add", "isub": "subtract", "imul": "multiply", "itruediv": "divide"}.items():
         setattr(NkiTensor, f"__{dunder}__", lambda self, other, name=name: _alu.inplace(self, other, name))
+    NkiTensor.astype = lambda self, dtype: copy(self, dtype=dtype)
+    NkiTensor.broadcast_to = lambda self, shape: broadcast_to(self, shape=shape)
+    NkiTensor.T = property(lambda self: transpose(self))
     NkiTensor.__neg__ = lambda self: g["negative"](self)
     NkiTensor.__abs__ = lambda self: g["abs"](self)
     NkiTensor.__invert__ = lambda self: g["invert"](self)
