@@ -43,8 +43,14 @@ def test_the_alias_serves_nki_and_neuronxcc_names(alias):
     import nki.language
     import nki.typing
 
+    import nki.dtype
+    import nki.simulator
+
     assert nki.language is nl and old_nl is nl and nki.typing is nt
     assert nki.isa.constants.oob_mode is nisa.oob_mode
+    assert nki.dtype.bfloat16 is nl.bfloat16
+    a = np.ones((4, 4), np.float32)
+    np.testing.assert_array_equal(nki.simulator.simulate_kernel(exchange, (a,), {}, 2), a)
 
 
 def test_a_real_nki_package_wins(tmp_path, monkeypatch):

@@ -23,6 +23,8 @@ _NAMES = {
         "nki.isa": "torchneuron.nki.isa",
         "nki.isa.constants": "torchneuron.nki.isa.constants",
         "nki.typing": "torchneuron.nki.typing",
+        "nki.dtype": "torchneuron.nki.dtype",
+        "nki.simulator": "torchneuron.nki.simulator",
     },
     "neuronxcc": {
         "neuronxcc": "torchneuron.nki._neuronxcc",
@@ -31,6 +33,7 @@ _NAMES = {
         "neuronxcc.nki.isa": "torchneuron.nki.isa",
         "neuronxcc.nki.isa.constants": "torchneuron.nki.isa.constants",
         "neuronxcc.nki.typing": "torchneuron.nki.typing",
+        "neuronxcc.nki.dtype": "torchneuron.nki.dtype",
     },
 }
 
