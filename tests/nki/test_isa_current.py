@@ -936,3 +936,41 @@ def test_nc_matmul_accumulates_per_element_into_overlapping_regions():
     want[:, 128:256] += p[:, 0:128]
     want[:, 192:384] = np.concatenate([want[:, 192:256], np.zeros((32, 128), np.float32)], axis=1) + p[:, 0:192]
     np.testing.assert_allclose(nki.simulate(overlapping)(a, b), want, rtol=1e-4, atol=1e-4)
+
+
+def test_tensor_copy_predicated_writes_only_the_selected_elements():
+    """The elements the predicate leaves alone need not hold data (no undefined-tile report), and
+    stay undefined for a later read."""
+
+    @nki.jit
+    def select_positive(a):
+        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a)
+        pred = nl.ndarray(a.shape, dtype=nl.uint8, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=pred, data=x, op0=nl.greater, operand0=0.0)
+        out_tile = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=out_tile, value=-1.0)
+        fresh = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy_predicated(dst=fresh, src=x, predicate=pred)  # fresh: never written before
+        nisa.tensor_copy_predicated(dst=out_tile, src=fresh, predicate=pred)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=out_tile)
+        return out
+
+    a = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    np.testing.assert_array_equal(nki.simulate(select_positive)(a), np.where(a > 0, a, -1.0))
+
+    @nki.jit
+    def reads_what_was_not_selected(a):
+        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a)
+        pred = nl.ndarray(a.shape, dtype=nl.uint8, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=pred, data=x, op0=nl.greater, operand0=0.0)
+        fresh = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy_predicated(dst=fresh, src=x, predicate=pred)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=fresh)
+        return out
+
+    with pytest.raises(nki.NKIError, match="undefined-tile"):
+        nki.simulate(reads_what_was_not_selected)(a)

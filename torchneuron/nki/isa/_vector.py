@@ -33,18 +33,29 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, *
     pred = tile(predicate, f"{what} predicate")
     check_dtype(what, "predicate", predicate, (torch.uint8, torch.uint16, torch.uint32), "uint8, uint16 or uint32")
     same_layout(what, "dst", dst, predicate=predicate, src=src)
+    take = shaped(pred != 0, dst.shape) != bool(reverse_pred)
+    # Outside batched loops only the selected elements are read and written: the others of src
+    # and dst need not hold data.
+    selective = not lead() and dst.key is None and not dst.batch
     if isinstance(src, NkiTensor):
         if src.dtype != dst.dtype:
             raise NKIError("dtype", f"{what}: src {src.describe()} and dst {dst.describe()} must have the same dtype")
         check_one_psum_input(what, src, predicate)
-        values = shaped(tile(src, f"{what} src"), dst.shape)
+        if selective and src.shape == dst.shape:
+            src._check_on_chip(f"{what} src")
+            values = src.read(mask=take.numpy(), what=f"{what} src")
+        else:
+            values = shaped(tile(src, f"{what} src"), dst.shape)
     elif isinstance(src, (bool, int, float, np.number)):
         values = src
     else:
         raise NKIError("operand", f"{what}: src must be a tile or a number, got {type(src).__name__}")
-    take = shaped(pred != 0, dst.shape) != bool(reverse_pred)
-    kept = dst.read(what=f"{what} dst (kept where the predicate is false)")
     record("vector", "tensor_copy_predicated", dst.shape, dst.dtype)
+    if selective:
+        full = values if isinstance(values, torch.Tensor) else torch.as_tensor(values).expand(dst.shape)
+        dst.write(full, mask=take.numpy(), what=what)
+        return
+    kept = dst.read(what=f"{what} dst (kept where the predicate is false)")
     dst_write(dst, torch.where(take, values, kept), what)
 
 
