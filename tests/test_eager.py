@@ -1130,3 +1130,26 @@ def test_histc_of_integers_counts_like_cuda(dtype):
     got = torch.histc(values.to(DEV), bins=4, min=0, max=4)
     assert got.dtype == dtype
     torch.testing.assert_close(got.cpu(), torch.histc(values.double(), bins=4, min=0, max=4).to(dtype))
+
+
+@pytest.mark.parametrize("expr", [
+    lambda u, i, f: u + 5.5,                # a Python float with an integer tensor
+    lambda u, i, f: i / i,                  # true division of integers
+    lambda u, i, f: 1j * f,                 # a Python complex
+    lambda u, i, f: torch.arange(3, device=f.device) * 0.5,
+])
+def test_output_dtypes_follow_the_default_dtype_of_each_call(expr):
+    """The cached output plan of an op must not keep the default dtype of its first call."""
+    u = torch.tensor([0, 0, 1], dtype=torch.uint8)
+    i = torch.tensor([1, 2, 3])
+    f = torch.ones(3)
+    previous = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            want = expr(u, i, f.to(default))
+            got = expr(u.to("neuron"), i.to("neuron"), f.to(default).to("neuron"))
+            assert got.dtype == want.dtype, f"default {default}: {got.dtype} != {want.dtype}"
+            torch.testing.assert_close(got.cpu(), want)
+    finally:
+        torch.set_default_dtype(previous)

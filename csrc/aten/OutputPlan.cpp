@@ -3,6 +3,9 @@
 #include "../runtime/Runtime.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/hash.h>
 
 #include <cstdio>
@@ -264,6 +267,12 @@ bool Geometry::same_as(const at::Tensor& t) const {
 std::shared_ptr<const OutputPlan> PlanCache::get(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                                   bool scalar_values_matter) {
   Key key;
+  // Global state a Meta kernel reads: the default dtype (the result dtype of
+  // `uint8_tensor + 5.5`, of `1j * t`), grad and inference mode, deterministic
+  // algorithms. A plan made under one must not serve a call under another.
+  key.push_back(int64_t(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  key.push_back(int64_t(c10::GradMode::is_enabled()) | int64_t(c10::InferenceMode::is_enabled()) << 1 |
+                int64_t(at::globalContext().deterministicAlgorithms()) << 2);
   bool cacheable = true;
   for (const auto& a : args) cacheable = cacheable && add_value(key, a, scalar_values_matter);
   if (!cacheable) return compute_plan(op, args);
