@@ -201,6 +201,12 @@ def test_kernels_write_their_arguments_in_place_and_operators_declare_it():
     assert nki.jit(double_annotated).mutates_args == ("x",)
     with pytest.raises(ValueError, match="not parameters"):
         nki.jit(double, mutates_args=("y",))
+    # An operator made from a kernel shares its plans, but not a plan that let it write freely.
+    kernel = nki.jit(double)
+    kernel(torch.ones(4, 4, device="neuron"))
+    with pytest.raises(nki.NKIError, match="immutable-input"):  # at the call, before any data moves
+        torchneuron.nki_op("nki_rules_test::double_shared_plans")(kernel)(torch.ones(4, 4, device="neuron"))
+    torch.neuron.synchronize()
 
 
 def test_a_load_from_an_input_the_kernel_later_writes_keeps_the_old_values():

@@ -66,8 +66,6 @@ class CallContext:
     cost: object = None                 # a CostRecorder in the check pass when estimating
     # on-chip memory, per program (a grid's programs are cores with SBUF and PSUM of their own)
     ledgers: dict = field(default_factory=dict)     # program -> Ledger (check pass)
-    sbuf_in_use: int = 0                # bytes per partition live at the program's latest instruction
-    psum_in_use: int = 0                # banks live at the program's latest instruction
     written_inputs: tuple = ()         # the inputs the kernel wrote (names), after a run
     lnc: object = None                  # the programs of a multi-program grid (_lnc.Cores) while they run
     # batched execution (see _batch): the loops running batched, outermost first
@@ -181,10 +179,8 @@ class Ledger:
     def tick(self, label):
         """A write event (after the touches of its instruction)."""
         self._room()
-        n = self.now
         self.written.append(label)
-        self.now = n + 1
-        self.ctx.sbuf_in_use, self.ctx.psum_in_use = int(self.sbuf[n]), int(self.psum[n])
+        self.now += 1
 
     def touch(self, live, write, blocks=None):
         """``live`` (its ``blocks``, an index array; None: all) is used by the current instruction;

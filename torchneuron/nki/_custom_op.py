@@ -104,13 +104,9 @@ def nki_op(name: str, mutates_args=(), *, schema: str | None = None):
     mutates_args = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
 
     def decorator(kernel):
-        if isinstance(kernel, Kernel):
-            kernel = Kernel(kernel.fn, tuple(dict.fromkeys(kernel.mutates_args + mutates_args)), kernel.grid,
-                            kernel._plans, kernel.platform_target, strict_inputs=True)
-        else:
-            kernel = jit(kernel, mutates_args=mutates_args)
-            kernel = Kernel(kernel.fn, kernel.mutates_args, kernel.grid, kernel._plans, kernel.platform_target,
-                            strict_inputs=True)
+        base = kernel if isinstance(kernel, Kernel) else jit(kernel)
+        kernel = Kernel(base.fn, tuple(dict.fromkeys(base.mutates_args + mutates_args)), base.grid, base._plans,
+                        base.platform_target, strict_inputs=True)
         mutated = kernel.mutates_args  # the decorator's and the kernel's own
         op_schema = schema or infer_schema(kernel, mutated)
         returns_nothing = op_schema.rstrip().endswith("-> ()")

@@ -109,7 +109,7 @@ class Kernel:
             wrapped[name] = NkiTensor(t, hbm, Allocation(name, written=True, is_input=True, mutable=(
                 name in self.mutates_args or not self.strict_inputs)))
         inputs = {id(w.alloc): (name, w.data) for name, w in wrapped.items() if name in tensors}
-        ctx.borrowing = writes is not None and not writes and not self.mutates_args
+        ctx.borrowing = writes is not None and not writes  # writes include mutates_args
         result = None
         with _context.active(ctx):
             if ctx.batching and self.grid and "grid" not in ctx.unbatchable:
@@ -162,7 +162,7 @@ class Kernel:
         aliases = _aliases(tensors)
         if not cost:
             try:
-                key = (self.grid, target, self.mutates_args, aliases, tuple(
+                key = (self.grid, target, self.mutates_args, self.strict_inputs, aliases, tuple(
                     (n, tuple(v.shape), tuple(v.stride()), v.dtype)
                     if isinstance(v, torch.Tensor) else (n, v) for n, v in {**arguments, **tensors}.items()))
                 plan = self._plans.get(key)

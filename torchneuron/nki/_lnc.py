@@ -27,7 +27,7 @@ from torchneuron.nki._errors import NKIError, kernel_line
 from torchneuron.nki._tile import NkiTensor
 
 # Per-program fields of the call context, swapped in and out as programs take turns.
-_PROGRAM_FIELDS = ("program", "cursor", "engine_state", "sbuf_in_use", "psum_in_use")
+_PROGRAM_FIELDS = ("program", "cursor", "engine_state")
 
 
 class _Abort(BaseException):
@@ -39,8 +39,7 @@ class Cores:
 
     def __init__(self, ctx, programs: list[tuple]):
         self.ctx, self.programs = ctx, programs
-        self.saved = [{"program": p, "cursor": 0, "engine_state": None, "sbuf_in_use": 0, "psum_in_use": 0}
-                      for p in programs]
+        self.saved = [{"program": p, "cursor": 0, "engine_state": None} for p in programs]
         self.turn = threading.Condition()
         self.running: int | None = None
         self.waiting: dict[int, tuple] = {}     # rank -> (what, line, ready predicate)
@@ -73,7 +72,6 @@ class Cores:
             self.turn.notify_all()
         for t in threads:
             t.join()
-        self._restore(None)
         if self.error is not None:
             raise self.error.with_traceback(self.error.__traceback__)
         return results
@@ -116,8 +114,7 @@ class Cores:
         return {f: getattr(self.ctx, f) for f in _PROGRAM_FIELDS}
 
     def _restore(self, rank):
-        state = self.saved[rank] if rank is not None else self.saved[0]
-        for f, v in state.items():
+        for f, v in self.saved[rank].items():
             setattr(self.ctx, f, v)
 
     def block(self, rank, what, ready):
