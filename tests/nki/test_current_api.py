@@ -241,3 +241,41 @@ def test_an_operator_schema_follows_nt_annotations():
     x, out = torch.randn(4, 8, device="neuron"), torch.zeros(4, 8, device="neuron")
     torch.ops.nki_current_test.scale_into(x, out)
     torch.testing.assert_close(out.cpu(), x.cpu() * 3)
+
+
+def test_language_helpers_constants_buffers_and_dynamic_loops():
+    """shared_constant, shared_identity_matrix, the buffer predicates, no_reorder, and loops whose
+    bound is a register loaded from a tile (dynamic_range, fori_loop), against NumPy."""
+    table = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+    @nki.jit
+    def kernel(a, count):
+        assert nl.is_hbm(a.buffer) and not nl.is_on_chip(a.buffer)
+        const = nl.shared_constant(table)
+        t = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.sbuf)
+        assert nl.is_sbuf(t.buffer) and nl.is_on_chip(t.buffer) and not nl.is_psum(t.buffer)
+        with nl.no_reorder():
+            nisa.dma_copy(dst=t, src=a)
+        c = nl.ndarray((2, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=c, src=const)
+        n_tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=n_tile, src=count)
+        n = nisa.register_alloc()
+        nisa.register_load(n, n_tile)
+        for _ in nl.dynamic_range(0, n):                     # t += const, count times
+            nisa.tensor_tensor(dst=t, data1=t, data2=c, op=nl.add)
+        nl.fori_loop(0, n, lambda i: nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0))
+        eye = nl.shared_identity_matrix(2, dtype=nl.float32)
+        ps = nl.ndarray((4, 2), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=t, moving=eye)       # t.T @ I: the transpose of t
+        out = nl.ndarray((4, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        r = nl.ndarray((4, 2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=r, src=ps)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    a = np.ones((2, 4), np.float32)
+    for times in (0, 3):
+        want = ((a + times * table) * 2 ** times).T
+        np.testing.assert_array_equal(nki.simulate(kernel)(a, np.array([[times]], np.int32)), want)
+    assert nl.spmd_dim(2, nl.nc(2)) == 4

@@ -938,16 +938,22 @@ def test_nc_matmul_accumulates_per_element_into_overlapping_regions():
     np.testing.assert_allclose(nki.simulate(overlapping)(a, b), want, rtol=1e-4, atol=1e-4)
 
 
+def _positive(a):
+    """(a in SBUF, a uint8 predicate tile of a > 0): the setup of the predicated-copy kernels."""
+    x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x, src=a)
+    pred = nl.ndarray(a.shape, dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pred, data=x, op0=nl.greater, operand0=0.0)
+    return x, pred
+
+
 def test_tensor_copy_predicated_writes_only_the_selected_elements():
     """The elements the predicate leaves alone need not hold data (no undefined-tile report), and
     stay undefined for a later read."""
 
     @nki.jit
     def select_positive(a):
-        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x, src=a)
-        pred = nl.ndarray(a.shape, dtype=nl.uint8, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=pred, data=x, op0=nl.greater, operand0=0.0)
+        x, pred = _positive(a)
         out_tile = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
         nisa.memset(dst=out_tile, value=-1.0)
         fresh = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
@@ -962,10 +968,7 @@ def test_tensor_copy_predicated_writes_only_the_selected_elements():
 
     @nki.jit
     def reads_what_was_not_selected(a):
-        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x, src=a)
-        pred = nl.ndarray(a.shape, dtype=nl.uint8, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=pred, data=x, op0=nl.greater, operand0=0.0)
+        x, pred = _positive(a)
         fresh = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
         nisa.tensor_copy_predicated(dst=fresh, src=x, predicate=pred)
         out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
