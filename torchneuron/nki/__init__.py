@@ -14,14 +14,14 @@ anything runs (``NKIError`` names the rule and the kernel line). See docs/nki.md
 """
 
 from torchneuron.nki import _access  # noqa: F401 - binds the tensor methods that address memory (.ap, .view, ...)
-from torchneuron.nki import isa, language, typing
+from torchneuron.nki import collectives, isa, language, typing
 from torchneuron.nki._alias import install_alias, uninstall_alias
 from torchneuron.nki._cost import CostReport
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._kernel import Kernel, jit
 
 __all__ = ["jit", "simulate", "simulate_kernel", "benchmark", "baremetal", "profile", "estimate", "language", "isa",
-           "typing", "NKIError", "CostReport", "Kernel", "install_alias", "uninstall_alias"]
+           "typing", "collectives", "NKIError", "CostReport", "Kernel", "install_alias", "uninstall_alias"]
 
 
 def _as_kernel(kernel):

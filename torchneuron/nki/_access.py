@@ -21,7 +21,7 @@ import torch
 
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
-from torchneuron.nki._dtypes import as_dtype
+from torchneuron.nki._dtypes import as_dtype, packed_of, storage_of
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import NkiTensor
 
@@ -247,7 +247,8 @@ def access_pattern(t, pattern, offset=0, scalar_offset=None, vector_offset=None,
     if scalar_offset is not None and vector_offset is not None:
         raise NKIError("access-pattern", f"{what}: give scalar_offset or vector_offset, not both")
     pairs = _pairs(pattern, what)
-    dtype = as_dtype(dtype) or t.dtype
+    logical = as_dtype(dtype, packed=True, what=what) or t.dtype  # a packed MX dtype: its bits, in its storage dtype
+    packed, dtype = packed_of(logical), storage_of(logical)
     t._materialise_batch()
     t.alloc.viewed = True
     root, root_batch = t.alloc.root, t.alloc.root_batch
@@ -286,10 +287,14 @@ def access_pattern(t, pattern, offset=0, scalar_offset=None, vector_offset=None,
     steps, counts = [st for st, _ in pairs], [n for _, n in pairs]
     in_order = row_major(shape, root.stride()[len(root_batch):])
     if rows is None and in_order and min(steps) >= 0:
-        return _strided(t, dtype, start, moves, steps, counts, what)
-    if not in_order and e != root.element_size():
-        raise NKIError("access-pattern", f"{what}: a reinterpreting access pattern over memory that is not row-major")
-    return _gathered(t, dtype, start, moves, rows, pairs, total, in_order, what)
+        view = _strided(t, dtype, start, moves, steps, counts, what)
+    else:
+        if not in_order and e != root.element_size():
+            raise NKIError("access-pattern", f"{what}: a reinterpreting access pattern over memory that is not "
+                           "row-major")
+        view = _gathered(t, dtype, start, moves, rows, pairs, total, in_order, what)
+    view.packed = packed
+    return view
 
 
 def _strided(t, dtype, start, moves, steps, counts, what):
@@ -354,12 +359,15 @@ def _select(self, dim, index):
 
 
 def _view_as(self, dtype):
-    """The same bytes read as ``dtype``; the last dimension rescales by the ratio of the sizes."""
-    dtype = as_dtype(dtype)
-    what = f"view({str(dtype).replace('torch.', '')})"
+    """The same bytes read as ``dtype``; the last dimension rescales by the ratio of the sizes. A
+    packed MX dtype views the bytes as its packed elements (and a plain dtype views those as bits)."""
+    logical = as_dtype(dtype, packed=True, what=f"{self.describe()}: view")
+    dtype = storage_of(logical)
+    what = f"view({str(logical).replace('torch.', '')})"
     out = self._view(what, "view", lambda d, nb: reinterpret(d, nb, dtype, f"{what} of {self.describe()}"))
     if self.buffer.on_chip and out.shape[:1] != self.shape[:1]:
         raise NKIError("view", f"{what} of {self.describe()} would change its partition dimension")
+    out.packed = packed_of(logical)
     return out
 
 

@@ -25,6 +25,7 @@ _NAMES = {
         "nki.typing": "torchneuron.nki.typing",
         "nki.dtype": "torchneuron.nki.dtype",
         "nki.simulator": "torchneuron.nki.simulator",
+        "nki.collectives": "torchneuron.nki.collectives",
     },
     "neuronxcc": {
         "neuronxcc": "torchneuron.nki._neuronxcc",

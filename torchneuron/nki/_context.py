@@ -23,6 +23,23 @@ from torchneuron.nki._errors import NKIError
 _local = threading.local()
 
 
+# What each NeuronCore generation can do, as the public NKI reference states it ("Available only on
+# NeuronCore-v4 and newer"): capability -> the first generation that has it. Instructions ask
+# Platform.has / isa._common.require for a name listed here; nothing else compares generations.
+FIRST_GENERATION = {
+    "nisa.exponential": 4,
+    "nisa.rand2": 4,
+    "nisa.quantize_mx": 4,                      # MX quantisation on the vector engine
+    "nisa.nc_matmul_mx": 4,                     # MX matmul on the tensor engine
+    "nisa.activation on the gpsimd engine": 4,
+    "nisa.activate2": 4,
+    "random state on the vector engine": 4,     # rand_set_state / rand_get_state on the vector engine
+    "dma priority": 4,                          # the QoS priority= of DMA instructions
+    "bf16 matmul results": 4,                   # nc_matmul writing a bf16 PSUM tile
+    "any tensor_scalar op on the scalar engine": 4,  # NeuronCore-v3's scalar engine: multiply and add only
+}
+
+
 @dataclass
 class Platform:
     """The NKI-relevant figures of a platform target, read from the runtime's platform table."""
@@ -48,6 +65,19 @@ class Platform:
     @property
     def psum_bank_bytes(self) -> int:
         return self.psum_partition_bytes // self.psum_banks
+
+    @property
+    def generation(self) -> int:
+        """The NeuronCore generation (3 for trn2's NeuronCore-v3, 4 for trn3's NeuronCore-v4)."""
+        return int(self.figures["core_name"].rsplit("-v", 1)[1])
+
+    @property
+    def core_name(self) -> str:
+        return self.figures["core_name"]
+
+    def has(self, capability: str) -> bool:
+        """Whether this platform has ``capability`` (a key of FIRST_GENERATION)."""
+        return self.generation >= FIRST_GENERATION[capability]
 
 
 @dataclass

@@ -177,7 +177,7 @@ class Kernel:
             ctx.cost = CostRecorder(ctx.platform)
         ctx.batchable = any(g > 1 for g in self.grid)
         returns = self._run(arguments, ctx, stand_ins)
-        plan = Plan([(t.shape, t.dtype) for t in ctx.outputs], returns,
+        plan = Plan([(t.shape, t.data.dtype) for t in ctx.outputs], returns,  # (packed dtypes: their storage)
                     writes=tuple(dict.fromkeys(self.mutates_args + ctx.written_inputs)))
         if not cost:
             expected = [t.data for t in ctx.outputs] + [stand_ins[n] for n in plan.writes if n in stand_ins]

@@ -245,7 +245,11 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, dma_engine=None,
         if not isinstance(t, NkiTensor):
             raise NKIError("operand", f"nisa.sendrecv: {role} must be a tensor or tile, got {type(t).__name__}")
     group = _group()
-    values = src.read(what="nisa.sendrecv src").clone()
+    raw = src.packed is not None or dst.packed is not None  # packed MX bits travel unchanged, to the same dtype
+    if raw and src.packed is not dst.packed:
+        raise NKIError("dtype", f"nisa.sendrecv: src {src.describe()} and dst {dst.describe()} must have the same "
+                       "dtype: packed MX values are moved unchanged, never converted")
+    values = src.read(what="nisa.sendrecv src", raw=raw).clone()
     if group is None:
         if send_to_rank != 0 or recv_from_rank != 0:
             raise NKIError("sendrecv", "nisa.sendrecv between programs in a kernel launched without a grid (one "
@@ -256,7 +260,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, dma_engine=None,
     if int(received.numel()) != int(torch.Size(dst.shape).numel()):
         raise NKIError("shape-mismatch", f"nisa.sendrecv: received {tuple(received.shape)} but dst is "
                        f"{dst.describe()}")
-    dst.write(received.reshape(dst.shape), what="nisa.sendrecv dst")
+    dst.write(received.reshape(dst.shape), what="nisa.sendrecv dst", raw=raw)
 
 
 def _group():

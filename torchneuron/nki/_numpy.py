@@ -19,9 +19,10 @@ _EXTENDED = {
     "float8_e5m2": (torch.float8_e5m2, np.uint8),
     "float8_e4m3fnuz": (torch.float8_e4m3fnuz, np.uint8),
     "float8_e5m2fnuz": (torch.float8_e5m2fnuz, np.uint8),
+    "float8_e8m0fnu": (torch.float8_e8m0fnu, np.uint8),   # MX scales
 }
 _BITS = {torch.bfloat16: torch.uint16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8,
-         torch.float8_e4m3fnuz: torch.uint8, torch.float8_e5m2fnuz: torch.uint8}
+         torch.float8_e4m3fnuz: torch.uint8, torch.float8_e5m2fnuz: torch.uint8, torch.float8_e8m0fnu: torch.uint8}
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:

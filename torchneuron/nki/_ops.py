@@ -9,11 +9,12 @@ from torchneuron.nki._dtypes import as_dtype  # noqa: F401 - re-exported
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import NkiTensor, keep_only, mask_array, new_tile, psum, sbuf
 
-def operand(x, what):
-    """A tile's values (as a torch tensor) or a Python scalar, checked for use in compute."""
+def operand(x, what, raw=False):
+    """A tile's values (as a torch tensor) or a Python scalar, checked for use in compute (``raw``:
+    the bits of a packed MX tile, for instructions that know its format)."""
     if isinstance(x, NkiTensor):
         x._check_on_chip(what)
-        return x.read(what=what)
+        return x.read(what=what, raw=raw)
     if isinstance(x, (bool, int, float, np.number)):
         return x
     if isinstance(x, Affine):
@@ -110,8 +111,9 @@ def record(engine, what, shape, dtype=torch.float32, **extra):
         ctx.cost.instruction(engine, what, shape, dtype, **extra)
 
 
-def dst_write(dst, values, what, mask=None, fresh=False):
-    """Writes an instruction's result into its destination tile (ISA style)."""
+def dst_write(dst, values, what, mask=None, fresh=False, raw=False):
+    """Writes an instruction's result into its destination tile (ISA style; ``raw``: the bits of a
+    packed MX tile)."""
     if not isinstance(dst, NkiTensor):
         raise NKIError("operand", f"{what}: dst must be a tile, got {type(dst).__name__}")
     dst._check_on_chip(what)
@@ -122,5 +124,5 @@ def dst_write(dst, values, what, mask=None, fresh=False):
             raise NKIError("shape-mismatch", f"{what}: the result has shape {tile_shape(values)} but dst is "
                            f"{dst.describe()}")
         values = values.reshape(list(values.shape[:n]) + list(dst.shape))
-    dst.write(values, mask=mask, what=what, fresh=fresh)
+    dst.write(values, mask=mask, what=what, fresh=fresh, raw=raw)
 

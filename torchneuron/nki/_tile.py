@@ -15,7 +15,7 @@ import torch
 
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Additive, Affine, Unbatchable, affine_values, simplify
-from torchneuron.nki._dtypes import as_dtype
+from torchneuron.nki._dtypes import PackedDtype, as_dtype, packed_error  # noqa: F401 - as_dtype re-exported
 from torchneuron.nki._errors import NKIError, kernel_position
 
 
@@ -396,7 +396,7 @@ def _basic_view(t, key):
     loops = sorted(batch_strides)
     data = t.data.as_strided([batch_sizes[b] for b in loops] + tile_sizes,
                              [batch_strides[b] for b in loops] + tile_strides, offset)
-    return NkiTensor(data, t.buffer, t.alloc, batch=tuple(loops))
+    return NkiTensor(data, t.buffer, t.alloc, batch=tuple(loops), packed=t.packed)
 
 
 def mask_array(mask, shape):
@@ -479,21 +479,30 @@ def _shape_of(key, shape):
 class NkiTensor:
     """A tensor in HBM or a tile in SBUF/PSUM, or a view of one (see the module docstring)."""
 
-    __slots__ = ("data", "buffer", "alloc", "key", "shape", "batch", "__weakref__")
+    __slots__ = ("data", "buffer", "alloc", "key", "shape", "batch", "packed", "__weakref__")
 
-    def __init__(self, data: torch.Tensor, buffer: Buffer, alloc: Allocation, key=None, shape=None, batch=()):
+    def __init__(self, data: torch.Tensor, buffer: Buffer, alloc: Allocation, key=None, shape=None, batch=(),
+                 packed=None):
         self.data, self.buffer, self.alloc, self.key, self.batch = data, buffer, alloc, key, batch
         self.shape = tuple(data.shape[len(batch):]) if key is None else shape
+        # a packed MX dtype (see _dtypes): ``data`` holds its bits; views of this view keep it
+        self.packed = packed
         if alloc.root is None:
             alloc.root, alloc.root_batch = data, batch
 
-    dtype = property(lambda self: self.data.dtype)
+    # the dtype the kernel sees: a torch dtype, or the packed MX dtype whose bits ``data`` holds
+    dtype = property(lambda self: self.packed or self.data.dtype)
     ndim = property(lambda self: len(self.shape))
     name = property(lambda self: self.alloc.name)
 
     def describe(self):
-        return f"{self.alloc.describe()} of shape {self.shape} {str(self.data.dtype).replace('torch.', '')} in " \
+        return f"{self.alloc.describe()} of shape {self.shape} {str(self.dtype).replace('torch.', '')} in " \
                f"{self.buffer.name}"
+
+    def _plain(self, what, raw):
+        """Values of a packed MX tile are bits only the MX instructions read or write (``raw``)."""
+        if self.packed is not None and not raw:
+            raise packed_error(self.packed, f"{what} of {self.describe()}")
 
     def __repr__(self):
         return f"NkiTensor({self.describe()})"
@@ -520,7 +529,7 @@ class NkiTensor:
         self.alloc.viewed = True
         if not self.batch and type(key) is tuple and all(type(k) is slice or type(k) is int for k in key) \
                 and len(key) <= self.ndim and _in_bounds(key, self.shape):
-            return NkiTensor(self.data[key], self.buffer, self.alloc)  # the common case, kept fast
+            return NkiTensor(self.data[key], self.buffer, self.alloc, packed=self.packed)  # the common case, kept fast
         key = _grid_key(_normalise(key, self.ndim, self.describe()))
         basic = _as_basic(key)
         if basic is not None:
@@ -536,7 +545,7 @@ class NkiTensor:
                                     for a, n in zip(arrays, self.shape)), self.shape)
         except IndexError as e:
             raise NKIError("index", f"{self.describe()}: {e}") from None
-        return NkiTensor(self.data, self.buffer, self.alloc, tuple(arrays), shape)
+        return NkiTensor(self.data, self.buffer, self.alloc, tuple(arrays), shape, packed=self.packed)
 
     def _mask(self, mask):
         """The mask as an array of this access's shape (a frame-aligned tensor for a LoopMask);
@@ -565,11 +574,13 @@ class NkiTensor:
         return tuple(torch.from_numpy(np.clip(a, 0, n - 1)) if isinstance(a, np.ndarray) else a
                      for a, n in zip(self.key, self.data.shape))
 
-    def read(self, mask=None, what="read", accumulating=False, touch=True):
+    def read(self, mask=None, what="read", accumulating=False, touch=True, raw=False):
         """The values of this access as a torch tensor (a view for basic accesses).
 
         Reading a PSUM tile (other than a matmul accumulating into it) ends its accumulation groups.
+        A packed MX tile's bits are read only by instructions that know the format (``raw``).
         """
+        self._plain(what, raw)
         if self.buffer is psum and self.alloc.groups and not accumulating:
             self.alloc.groups.clear()
         if not self.alloc.written:
@@ -590,13 +601,15 @@ class NkiTensor:
             value = align(value, self.batch, frame)
         return keep_only(value, m)
 
-    def write(self, value, mask=None, what="write", fresh=False, accumulating=False):
+    def write(self, value, mask=None, what="write", fresh=False, accumulating=False, raw=False):
         """Stores ``value`` (a torch tensor aligned to the current loop frame, or a Python scalar).
 
         ``fresh``: the caller made ``value`` and holds no other reference to its memory, so a
         whole-tile write may adopt it instead of copying. Writing a PSUM tile (other than a matmul
-        accumulating into it) ends its accumulation groups.
+        accumulating into it) ends its accumulation groups. ``raw``: ``value`` is the bits of a
+        packed MX tile, written by an instruction that knows the format.
         """
+        self._plain(what, raw)
         if self.buffer is psum and self.alloc.groups and not accumulating:
             self.alloc.groups.clear()
         self._own(keep_values=mask is not None or self.key is not None)
@@ -838,7 +851,7 @@ class NkiTensor:
         except RuntimeError as e:
             raise NKIError(rule, f"{what} of {self.describe()}: {e}") from None
         self.alloc.viewed = True
-        return NkiTensor(data, self.buffer, self.alloc, batch=self.batch)
+        return NkiTensor(data, self.buffer, self.alloc, batch=self.batch, packed=self.packed)
 
     def _dim(self, dim, what, extra=0):
         """``dim`` (negative: from the end) as an index among ``ndim + extra`` dims."""
@@ -962,6 +975,8 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transi
     ``transient`` tile (``nl.matmul``'s product, which NKI accumulates in place) is not.
     """
     ctx = _context.current()
+    packed = dtype if isinstance(dtype, PackedDtype) else None  # its bits are stored in an integer dtype
+    dtype = packed.storage if packed is not None else dtype
     part = next((i for i, n in enumerate(shape) if isinstance(n, ParDim)), 0)
     shape = tuple(int(n) for n in shape)
     alloc = Allocation(name, written=written)
@@ -973,7 +988,7 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transi
             raise NKIError("partition-dim", f"a tile of shape {shape} in {buffer.name} has partition dimension "
                            f"{shape[part]}, but a tile has at most {ctx.platform.pmax} partitions")
         if ctx.checking and not transient:
-            alloc.live = ctx.allocate((alloc.name, alloc.line, shape, str(dtype).replace("torch.", "")),
+            alloc.live = ctx.allocate((alloc.name, alloc.line, shape, str(packed or dtype).replace("torch.", "")),
                                       buffer.name, shape, dtype.itemsize, part)
     batch = () if buffer is shared_hbm else ctx.frame
     if data is None:  # batch dims of size 1 until the first write (see NkiTensor._grow)
@@ -986,7 +1001,7 @@ def new_tile(shape, dtype, buffer, name="tile", data=None, written=False, transi
             data = torch.empty(full, dtype=dtype)
         if ctx.checking and buffer.on_chip and not written:  # per-element undefined reads
             alloc.shadow = torch.zeros_like(data, dtype=torch.bool)
-    tile = NkiTensor(data, buffer, alloc, batch=batch)
+    tile = NkiTensor(data, buffer, alloc, batch=batch, packed=packed)
     if written and alloc.live is not None:  # a result: written by the instruction that made it
         tile._touch(True)
     return tile

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from torchneuron.nki import _alu, _context
+from torchneuron.nki import _alu, _context, _dtypes
 from torchneuron.nki._alu import reduction_axes, tensor_args
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError, kernel_position
@@ -27,6 +27,10 @@ float16, float32, bfloat16 = torch.float16, torch.float32, torch.bfloat16
 tfloat32 = torch.float32  # stored as fp32; the tensor engine's tf32 rounding is not modelled
 float8_e4m3 = float8_e4m3fn = torch.float8_e4m3fn
 float8_e5m2 = torch.float8_e5m2
+float8_e8m0fnu = torch.float8_e8m0fnu  # MX scales (a power of two: 2 ** (bits - 127))
+# NeuronCore-v4 packed MX dtypes (four fp8 / fp4 values per element; no torch dtype, see _dtypes)
+float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4 = _dtypes.float8_e5m2_x4, _dtypes.float8_e4m3fn_x4, \
+    _dtypes.float4_e2m1fn_x4
 
 
 class _TileSize:
@@ -61,6 +65,9 @@ def _hbm_tensor(shape, dtype, buffer, name):
     index, ctx.cursor = ctx.cursor, ctx.cursor + 1
     if index < len(ctx.outputs):
         t = ctx.outputs[index]
+        packed = _dtypes.packed_of(dtype)
+        if not t.alloc.written and packed is not None and t.packed is None and t.data.dtype == packed.storage:
+            t.packed = packed  # the run pass's buffer of a packed output: its bits (the plan keeps storage dtypes)
         if t.shape != shape or t.dtype != dtype:
             raise NKIError("output-declaration", f"shared_hbm tensor {index} is declared as {shape} {dtype} here but "
                            f"as {t.shape} {t.dtype} by another program or when the kernel was checked")
@@ -81,7 +88,7 @@ def ndarray(shape, dtype, buffer=None, name="", address=None, **kwargs):
         raise NKIError("buffer", f"nl.ndarray: buffer={buffer!r}: pass the buffer itself (nl.{buffer}), not its name")
     shape = shape if isinstance(shape, (tuple, list)) else (shape,)
     shape = tuple(n if isinstance(n, ParDim) else int(n) for n in shape)
-    dtype = as_dtype(dtype)
+    dtype = as_dtype(dtype, packed=True, what="nl.ndarray")
     if not buffer.on_chip:
         return _hbm_tensor(shape, dtype, buffer, name)
     return new_tile(shape, dtype, buffer, name=name or "tile")
@@ -90,7 +97,10 @@ def ndarray(shape, dtype, buffer=None, name="", address=None, **kwargs):
 def full(shape, fill_value, dtype, buffer=None, name="", **kwargs):
     t = ndarray(shape, dtype, buffer=buffer, name=name)
     record("vector" if t.buffer.on_chip else "dma", "memset", t.shape, t.dtype)
-    t.write(fill_value, what="nl.full")
+    if t.packed is not None and fill_value == 0:  # all bits zero: +0.0 in every packed format
+        t.write(0, what="nl.full", raw=True)
+    else:
+        t.write(fill_value, what="nl.full")
     return t
 
 

@@ -6,14 +6,15 @@ package exports them with the enums of ``nki.isa.constants``. Engine state
 that outlives an instruction (accumulation registers, random generators) is described in
 ``_state``.
 
-Not implemented: ``nc_matmul_mx`` and ``quantize_mx`` (NeuronCore-v4 MX formats), whose tiles
-have packed four-in-one dtypes (``float8_e5m2_x4``, ``float8_e4m3fn_x4``, ``float4_e2m1fn_x4``)
-that no tile here can be declared with.
+The MX instructions ``quantize_mx`` and ``nc_matmul_mx`` (NeuronCore-v4) are in ``_mx``; their
+tiles have the packed dtypes of ``_dtypes``. Which platform target has which instruction is
+``_context.FIRST_GENERATION``.
 """
 
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki.isa._common import get_nc_version
 from torchneuron.nki.isa._dma import dma_compute, dma_copy, dma_transpose
+from torchneuron.nki.isa._mx import nc_matmul_mx, quantize_mx
 from torchneuron.nki.isa._gpsimd import (affine_select, iota, local_gather, nc_n_gather, nonzero_with_count,
                                          sequence_bounds, tensor_partition_reduce)
 from torchneuron.nki.isa._random import dropout, rand2, rand_get_state, rand_set_state, rng, set_rng_seed
@@ -43,7 +44,7 @@ __all__ = [
     "get_nc_version", "NkiValidationError", "VirtualRegister",
     "tensor_engine", "scalar_engine", "gpsimd_engine", "vector_engine", "unknown_engine",
     "dma_copy", "dma_transpose", "dma_compute",
-    "nc_matmul", "nc_transpose",
+    "nc_matmul", "nc_transpose", "nc_matmul_mx", "quantize_mx",
     "tensor_copy", "tensor_copy_predicated", "memset", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor",
     "tensor_reduce", "reciprocal", "bn_stats", "bn_aggr", "nc_stream_shuffle",
     "exponential", "tensor_scalar_reduce", "select_reduce", "range_select",

@@ -66,20 +66,45 @@ def member(enum_cls, value, what):
 
 def get_nc_version():
     """The NeuronCore generation of the target the kernel is checked and run for."""
-    return nc_version.gen4 if _context.current().platform.target == "trn3" else nc_version.gen3
+    return nc_version(_context.current().platform.generation)
 
 
-def require_version(version, what):
-    if get_nc_version() < version:
-        raise NKIError("target", f"{what} needs NeuronCore-v{int(version)} (trn{int(version) - 1}) or newer; the "
-                       f"kernel targets {_context.current().platform.target} (nki.jit(platform_target=...))")
+def has(capability):
+    """Whether the kernel's platform target has ``capability`` (see _context.FIRST_GENERATION)."""
+    return _context.current().platform.has(capability)
 
 
-def tile(x, what):
-    """The values of an on-chip tile operand."""
+def require(capability, what=None):
+    """Refuses ``what`` (by default the capability's own name) on a platform target that lacks it."""
+    platform = _context.current().platform
+    if not platform.has(capability):
+        first = _context.FIRST_GENERATION[capability]
+        raise NKIError("target", f"{what or capability} needs NeuronCore-v{first} (trn{first - 1}) or newer, but the "
+                       f"kernel targets {platform.target} ({platform.core_name}); check and run it for "
+                       f"trn{first - 1} with nki.jit(platform_target=\"trn{first - 1}\") or "
+                       f"NEURON_PLATFORM_TARGET_OVERRIDE=trn{first - 1}")
+
+
+def tile(x, what, raw=False):
+    """The values of an on-chip tile operand (``raw``: the bits of a packed MX tile)."""
     if not isinstance(x, NkiTensor):
         raise NKIError("operand", f"{what}: expected a tile, got {type(x).__name__}")
-    return operand(x, what)
+    return operand(x, what, raw=raw)
+
+
+def packed_move(what, dst, src):
+    """Whether an instruction that moves values unchanged moves packed MX bits: both ``dst`` and
+    ``src`` have the same packed dtype. One packed dtype and another dtype is an error: packed
+    values are never converted."""
+    a, b = getattr(dst, "packed", None), getattr(src, "packed", None)
+    if a is None and b is None:
+        return False
+    if a is not b:
+        raise NKIError("dtype", f"{what}: src {src.describe() if isinstance(src, NkiTensor) else repr(src)} and dst "
+                       f"{dst.describe()} must have the same dtype: packed MX values ({a or b!r}) are moved "
+                       "unchanged, never converted (see bytes as packed elements with .view(dtype) or "
+                       ".ap(..., dtype=))")
+    return True
 
 
 def in_sbuf(what, **tiles):

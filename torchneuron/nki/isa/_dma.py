@@ -11,7 +11,7 @@ import numpy as np
 import torchneuron.nki.isa.constants as C
 from torchneuron.nki import _context
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki.isa._common import engine_name, member, op_name, require_version
+from torchneuron.nki.isa._common import engine_name, member, op_name, packed_move, require
 from torchneuron.nki._ops import lead, record
 from torchneuron.nki._tile import NkiTensor, borrowable, psum, sbuf
 
@@ -30,7 +30,7 @@ def _modes(what, priority, oob_mode, dge_mode):
     oob = member(C.oob_mode, oob_mode, f"{what} oob_mode")
     dge = member(C.dge_mode, dge_mode, f"{what} dge_mode")
     if priority is not None:
-        require_version(C.nc_version.gen4, f"{what} priority=")
+        require("dma priority", f"{what} priority=")
         if not isinstance(priority, (int, np.integer)) or not 0 <= priority <= 3:
             raise NKIError("dma-priority", f"{what}: priority is a QoS level 0-3 (0 is the highest), got {priority!r}")
         if dge is C.dge_mode.none:
@@ -49,7 +49,8 @@ def dma_copy(dst, src, priority=None, oob_mode=C.oob_mode.error, dge_mode=C.dge_
     if dge is C.dge_mode.hwdge and src.dtype != dst.dtype:
         raise NKIError("dma-dtype", f"nisa.dma_copy with hwdge copies bits: src {src.describe()} and dst "
                        f"{dst.describe()} must have the same dtype (reinterpret one with .view)")
-    values = src.read(mask, what="nisa.dma_copy")
+    raw = packed_move("nisa.dma_copy", dst, src)  # packed MX bits are copied as they are
+    values = src.read(mask, what="nisa.dma_copy", raw=raw)
     n = lead()
     count = math.prod(values.shape[n:])
     if count != math.prod(dst.shape):
@@ -60,14 +61,14 @@ def dma_copy(dst, src, priority=None, oob_mode=C.oob_mode.error, dge_mode=C.dge_
         dst.borrow(values)
         return
     dst.write(values.reshape(list(values.shape[:n]) + list(dst.shape)), mask=mask,
-              what=f"nisa.dma_copy to {dst.describe()}")
+              what=f"nisa.dma_copy to {dst.describe()}", raw=raw)
 
 
 def _can_borrow(dst, src, values, mask):
     """A whole fresh SBUF tile loaded from an input the kernel never writes may use its memory."""
     return (mask is None and borrowable(src) and
             dst.buffer is sbuf and dst.key is None and not dst.alloc.written and not dst.alloc.viewed and
-            dst.batch == _context.current().frame and dst.dtype == values.dtype and
+            dst.batch == _context.current().frame and dst.data.dtype == values.dtype and dst.packed is src.packed and
             tuple(values.shape[lead():]) == dst.shape)
 
 

@@ -16,8 +16,8 @@ import torchneuron.nki.isa.constants as C
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Unbatchable
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki.isa._common import (check_dtype, column, engine_name, free_size, get_nc_version, in_sbuf,
-                                         not_in_psum, require_version, same_layout, tile)
+from torchneuron.nki.isa._common import (check_dtype, column, engine_name, free_size, in_sbuf,
+                                         not_in_psum, require, same_layout, tile)
 from torchneuron.nki.isa._state import engine_state
 from torchneuron.nki._ops import dst_write, record
 from torchneuron.nki._tile import NkiTensor
@@ -92,7 +92,7 @@ def rand2(dst, min, max, name=None, **kwargs):  # noqa: A002 - NKI's parameter n
     """Uniform random fp32 values in [min, max] (numbers or (P, 1) tiles) cast to ``dst.dtype``,
     from the NeuronCore-v4 vector engine's generator."""
     what = "nisa.rand2"
-    require_version(C.nc_version.gen4, what)
+    require("nisa.rand2", what)
     low, high = column(min, f"{what} min", dst), column(max, f"{what} max", dst)
     if not isinstance(low, torch.Tensor) and not isinstance(high, torch.Tensor) and not low < high:
         raise NKIError("operands", f"{what}: min must be below max, got {min!r} and {max!r}")
@@ -142,7 +142,7 @@ def _state_engine(engine, what):
     """rand_set_state / rand_get_state: GpSimd, or on NeuronCore-v4 also Vector."""
     eng = engine_name(engine, what, ("gpsimd", "vector"), "gpsimd")
     if eng == "vector":
-        require_version(C.nc_version.gen4, f"{what} on the vector engine")
+        require("random state on the vector engine", f"{what} on the vector engine")
     return eng
 
 
@@ -171,7 +171,7 @@ def rand_get_state(dst, engine=C.engine.unknown, name=None, **kwargs):
     what = "nisa.rand_get_state"
     eng = _state_engine(engine, what)
     _state_tile(dst, eng, what, "dst")
-    if eng == "gpsimd" or get_nc_version() < C.nc_version.gen4:
+    if eng == "gpsimd":  # (the vector engine, NeuronCore-v4 only, also reaches PSUM)
         in_sbuf(what, dst=dst)
     _sequential(what)
     record(eng, "rand_get_state", dst.shape, dst.dtype)

@@ -10,7 +10,7 @@ import torch
 import torchneuron.nki.isa.constants as C
 from torchneuron.nki import _alu
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki.isa._common import (BITVEC, alu, alu_stage, check_dtype, column, per_partition, require_version,
+from torchneuron.nki.isa._common import (BITVEC, alu, alu_stage, check_dtype, column, per_partition, require,
                                          same_layout, shaped, tile)
 from torchneuron.nki.isa._state import accumulate, column_values, command, read_out, reduce_op_name
 from torchneuron.nki._ops import check_one_psum_input, compute, dst_write, record, wrap_torch_errors
@@ -31,7 +31,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=C.reduce_cm
     number or a (P, 1) tile), summing the result per partition into the accumulation registers
     (``load_reduce`` starts the sum at ``reduce_init``)."""
     what = "nisa.exponential"
-    require_version(C.nc_version.gen4, what)
+    require("nisa.exponential", what)
     cmd = command(reduce_cmd, reduce_res, what)
     if cmd is C.reduce_cmd.reset:
         raise NKIError("reduce-cmd", f"{what}: reduce_cmd is idle, reset_reduce, reduce or load_reduce")

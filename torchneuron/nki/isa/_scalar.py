@@ -10,7 +10,7 @@ import torch
 import torchneuron.nki.isa.constants as C
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki.isa._common import alu, apply, column, engine_name, not_in_psum, per_partition, \
-    require_version, tile
+    require, tile
 from torchneuron.nki.isa._state import accumulate, command, read_out, reduce_op_name
 from torchneuron.nki._ops import compute, dst_write, record, wrap_torch_errors
 
@@ -40,7 +40,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     _, fn = _activation_fn(op, what)
     eng = engine_name(engine, what, ("scalar", "gpsimd"), "scalar")
     if eng == "gpsimd":  # NeuronCore-v4 GpSimd runs activations, without accumulation registers
-        require_version(C.nc_version.gen4, f"{what} on the gpsimd engine")
+        require("nisa.activation on the gpsimd engine", f"{what} on the gpsimd engine")
         not_in_psum(what, dst=dst, data=data)
         if reduce_res is not None or reduce_op is not None:
             raise NKIError("engine", f"{what}: the gpsimd engine has no accumulation registers")
@@ -81,7 +81,7 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
     ``reduce_op`` (add, maximum, minimum, abs_max, abs_min). ``relu_param`` is the slope
     ``nl.relu`` gives negative inputs (a parameterised ReLU); other functions take none."""
     what = "nisa.activate2"
-    require_version(C.nc_version.gen4, what)
+    require("nisa.activate2", what)
     op_name, fn = _activation_fn(op, what)
     names = (alu(op0, f"{what} op0")[0], alu(op1, f"{what} op1")[0])
     if names not in _ACTIVATE2_OPS:

@@ -6,7 +6,7 @@ import torchneuron.nki.isa.constants as C
 from torchneuron.nki import _context
 from torchneuron.nki._batch import Affine, Unbatchable
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki.isa._common import engine_name, get_nc_version, member, tile
+from torchneuron.nki.isa._common import engine_name, has, member, tile
 from torchneuron.nki._ops import dst_write, lead, record, tile_shape
 from torchneuron.nki._tile import NkiTensor, psum, sbuf
 
@@ -103,7 +103,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if not isinstance(dst, NkiTensor) or dst.buffer is not psum:
         raise NKIError("matmul-dst-in-psum", f"{what}: dst must be a PSUM tile, got "
                        f"{dst.describe() if isinstance(dst, NkiTensor) else type(dst).__name__}")
-    allowed = (torch.float32, torch.bfloat16) if get_nc_version() >= C.nc_version.gen4 else (torch.float32,)
+    allowed = (torch.float32, torch.bfloat16) if has("bf16 matmul results") else (torch.float32,)
     if dst.dtype not in allowed:
         raise NKIError("matmul-dtype", f"{what}: dst {dst.describe()} must be "
                        f"{' or '.join(str(d).replace('torch.', '') for d in allowed)} (PSUM accumulates in fp32)")

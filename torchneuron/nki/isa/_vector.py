@@ -9,21 +9,23 @@ from torchneuron.nki import _alu
 from torchneuron.nki._batch import Affine
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki.isa._common import (BITVEC, REDUCTIONS, alu, alu_stage, buffer_of, check_dtype, engine_name,
-                                         free_size, get_nc_version, integer_dtype, not_in_psum, per_partition,
+                                         free_size, has, integer_dtype, not_in_psum, packed_move, per_partition,
                                          same_layout, shaped, tile)
 from torchneuron.nki._ops import check_one_psum_input, compute, dst_write, lead, record, wrap_torch_errors
 from torchneuron.nki._tile import NkiTensor, psum
 
 
 def tensor_copy(dst, src, engine=C.engine.unknown, name=None, mask=None, **kwargs):
-    """``dst = src`` on chip (same partitions and elements per partition); casts go through fp32."""
+    """``dst = src`` on chip (same partitions and elements per partition); casts go through fp32.
+    Packed MX tiles are copied bit for bit, to a tile of the same packed dtype."""
     what = "nisa.tensor_copy"
     eng = engine_name(engine, what, ("vector", "scalar", "gpsimd"), "vector")
     if eng == "gpsimd":
         not_in_psum(what, dst=dst, src=src)
-    values = tile(src, f"{what} src")
+    raw = packed_move(what, dst, src)
+    values = tile(src, f"{what} src", raw=raw)
     record(eng, "tensor_copy", dst.shape, dst.dtype)
-    dst_write(dst, values, what, mask)
+    dst_write(dst, values, what, mask, raw=raw)
 
 
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, **kwargs):
@@ -69,8 +71,12 @@ def memset(dst, value, engine=C.engine.unknown, name=None, **kwargs):
         raise NKIError("memset-value", f"{what}: value must be a number, got {type(value).__name__}")
     if isinstance(dst, NkiTensor) and not dst.dtype.is_floating_point and isinstance(value, (float, np.floating)):
         raise NKIError("memset-value", f"{what}: {dst.describe()} holds integers; value {value!r} must be an int")
+    raw = isinstance(dst, NkiTensor) and dst.packed is not None
+    if raw and not (isinstance(value, (bool, int, float, np.number)) and value == 0):
+        raise NKIError("memset-value", f"{what}: {dst.describe()} holds packed MX values; memset can only clear it "
+                       f"(value 0, all bits zero), got {value!r}")
     record(eng, "memset", dst.shape, dst.dtype)
-    dst_write(dst, value, what)
+    dst_write(dst, value, what, raw=raw)
 
 
 def tensor_tensor(dst, data1, data2, op, engine=C.engine.unknown, name=None, **kwargs):
@@ -131,7 +137,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if names != ["rsqrt"]:
             raise NKIError("engine", f"{what} runs on the gpsimd engine for nl.rsqrt only")
         not_in_psum(what, data=data, dst=dst, operand0=operand0)
-    if eng == "scalar" and get_nc_version() == C.nc_version.gen3 and \
+    if eng == "scalar" and not has("any tensor_scalar op on the scalar engine") and \
             names not in (["multiply", "add"], ["multiply"], ["add"]):
         raise NKIError("engine", f"{what} on the trn2 scalar engine supports (multiply, add), multiply and add, "
                        f"got {', '.join(names)}")
