@@ -22,12 +22,13 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from torch._inductor.pattern_matcher import fwd_only
 from torch._inductor.virtualized import V
 
+from .._flex_attention import dense_backward
 from .build_id import build_id
 
 _hop = sys.modules["torch._higher_order_ops.flex_attention"]
 _DENSE = {
     torch.ops.higher_order.flex_attention: _hop.sdpa_dense,
-    torch.ops.higher_order.flex_attention_backward: _hop.sdpa_dense_backward,
+    torch.ops.higher_order.flex_attention_backward: dense_backward,
 }
 
 
@@ -47,8 +48,29 @@ def _batchable(subgraph: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return subgraph
 
 
+def _grads_of_captured(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[bool]:
+    """Which score_mod captured buffers of a backward node the joint graph differentiates.
+
+    The joint graph returns the gradients of (score, b, h, q_idx, kv_idx,
+    *captured): None for a buffer that did not require grad when it was traced
+    or that the score function does not differentiate.
+    """
+    joint = getattr(gm, node.args[8].target)
+    grads = joint.graph.output_node().args[0]
+    return [g is not None for g in grads[5:]]
+
+
 def _trace_dense(gm: torch.fx.GraphModule, node: torch.fx.Node):
     """The dense implementation of `node`, traced over its tensor arguments."""
+    backward = node.target is torch.ops.higher_order.flex_attention_backward
+    # Post-grad values no longer require grad, and the dense backward allocates
+    # a gradient for each captured buffer that does, then copies the joint
+    # graph's gradient into it: mark exactly the buffers the joint graph
+    # differentiates (marking every floating input made a captured constant,
+    # such as ALiBi slopes, fail with copy_(None)). Sizes may be SymInts.
+    captured = node.args[12] if backward else ()
+    differentiated = _grads_of_captured(gm, node) if backward else []
+    needs_grad = {id(b) for b, d in zip(captured, differentiated) if d}
     # Score/mask subgraphs are attributes of gm: pass them as Python values.
     args = pytree.tree_map_only(
         torch.fx.Node, lambda n: _batchable(getattr(gm, n.target)) if n.op == "get_attr" else n, node.args
@@ -60,14 +82,26 @@ def _trace_dense(gm: torch.fx.GraphModule, node: torch.fx.Node):
         values = list(flat)
         for i, t in zip(tensor_positions, tensors):
             values[i] = t
-        return _DENSE[node.target](*pytree.tree_unflatten(values, spec))
+        result = _DENSE[node.target](*pytree.tree_unflatten(values, spec))
+        if not backward:
+            return result
+        # The operator's schema (and its fake implementation, which typed the
+        # graph) has a gradient for every captured tensor: zeros where the
+        # joint graph has none (AOTAutograd drops the unused ones).
+        dq, dk, dv, grads = result
+        buffers = pytree.tree_unflatten(values, spec)[12]
+        grads = tuple(
+            torch.zeros_like(b, memory_format=torch.contiguous_format)
+            if g is None and isinstance(b, torch.Tensor) else g
+            for g, b in zip(grads, buffers)
+        )
+        return dq, dk, dv, grads
 
     with V.fake_mode:
-        # Post-grad values no longer require grad, but the dense backward only
-        # returns gradients of captured buffers that do: mark floating inputs.
+        examples = [flat[i].meta["val"] for i in tensor_positions]
         examples = [
-            v.detach().requires_grad_() if v.is_floating_point() else v
-            for v in (flat[i].meta["val"] for i in tensor_positions)
+            v.detach().requires_grad_(id(n) in needs_grad) if isinstance(v, torch.Tensor) else v
+            for v, n in zip(examples, (flat[i] for i in tensor_positions))
         ]
         traced = fwd_only(dense, examples, run_functional_passes=False)
     return traced, [flat[i] for i in tensor_positions]
