@@ -16,6 +16,7 @@
 #include "../adaptive/Adaptive.h"
 #include "../adaptive/Collector.h"
 #include "../backend/Current.h"
+#include "../backend/TaskWarnings.h"
 #include "../profiler/Recorder.h"
 
 namespace torchneuron::aten {
@@ -38,14 +39,17 @@ uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body,
                  const profiler::TaskFacts& facts = {});
 
 namespace detail {
-// Adds the op name and stream to a task's error, keeping its type.
-[[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream);
+// Adds the op name and stream to a task's error, keeping its type; an
+// asynchronous one also says when it surfaces.
+[[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream, bool asynchronous = true);
 void after_enqueue(runtime::Stream& stream);
 
-// `body` as a stream task whose error names `what` and the stream.
+// `body` as a stream task whose error names `what` and the stream, and whose
+// warnings are queued for the host.
 template <typename Body>
 runtime::Stream::Task as_task(std::string_view what, c10::Stream stream, Body&& body) {
   return [what, stream, body = std::forward<Body>(body)]() mutable {
+    backend::TaskWarningScope warnings;
     try {
       body();
     } catch (...) {
@@ -95,6 +99,12 @@ std::optional<uint64_t> enqueue_or_defer(c10::DeviceIndex device, const c10::Ope
                   detail::task_record(stream, what, current, facts));
   return std::nullopt;
 }
+
+// Refuses PyTorch's quantized dtypes (quint8, qint8, qint32, quint4x2,
+// quint2x4), naming `what`: neuron keeps no quantized tensors (their
+// quantizer, engines and kernels are CPU-only); TorchAO's quantized layouts
+// are plain tensors and run here.
+void check_not_quantized(std::string_view what, c10::ScalarType dtype);
 
 // Uninitialised neuron tensor with the given geometry.
 at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,

@@ -13,6 +13,7 @@ extern "C" void omp_set_num_threads(int);  // from the OpenMP runtime torch load
 
 #include "../profiler/Recorder.h"
 #include "SyncTrace.h"
+#include "TaskWarnings.h"
 
 namespace torchneuron::backend {
 
@@ -142,6 +143,7 @@ void synchronize_stream(c10::Stream stream) {
   profiler::SyncScope sync("stream synchronize", stream.device_index(), int(stream.id()));
   s.synchronize();
   trace_sync(SyncKind::kStreamSynchronize, nullptr, stream);
+  deliver_task_warnings();
 }
 
 void synchronize_device(c10::DeviceIndex device) {
@@ -153,6 +155,7 @@ void synchronize_device(c10::DeviceIndex device) {
   profiler::SyncScope sync("device synchronize", device);
   runtime::synchronize_device(device);
   trace_sync(SyncKind::kDeviceSynchronize, nullptr, default_stream(device));
+  deliver_task_warnings();
 }
 
 }  // namespace torchneuron::backend
