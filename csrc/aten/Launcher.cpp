@@ -15,6 +15,7 @@
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
 #include "../backend/Generator.h"
+#include "../backend/TaskWarnings.h"
 #include "../profiler/OpCost.h"
 #include "HostArgs.h"
 #include "OpTracking.h"

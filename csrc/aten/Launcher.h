@@ -16,7 +16,6 @@
 #include "../adaptive/Adaptive.h"
 #include "../adaptive/Collector.h"
 #include "../backend/Current.h"
-#include "../backend/TaskWarnings.h"
 #include "../profiler/Recorder.h"
 
 namespace torchneuron::aten {
@@ -44,12 +43,10 @@ namespace detail {
 [[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream, bool asynchronous = true);
 void after_enqueue(runtime::Stream& stream);
 
-// `body` as a stream task whose error names `what` and the stream, and whose
-// warnings are queued for the host.
+// `body` as a stream task whose error names `what` and the stream.
 template <typename Body>
 runtime::Stream::Task as_task(std::string_view what, c10::Stream stream, Body&& body) {
   return [what, stream, body = std::forward<Body>(body)]() mutable {
-    backend::TaskWarningScope warnings;
     try {
       body();
     } catch (...) {

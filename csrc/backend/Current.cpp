@@ -40,6 +40,7 @@ void configure_worker() {
   keys.excluded_ = keys.excluded_ | c10::autograd_dispatch_keyset_with_ADInplaceOrView;
   c10::impl::_force_tls_local_dispatch_key_set(keys);
   if (int n = runtime::config().worker_threads) omp_set_num_threads(n);
+  queue_warnings_of_this_thread();  // kernel warnings reach the host's Python
 }
 
 // Runtime errors are std exceptions; surface them as the c10 errors PyTorch

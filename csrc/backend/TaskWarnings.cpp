@@ -23,11 +23,7 @@ QueueingHandler g_handler;
 
 }  // namespace
 
-TaskWarningScope::TaskWarningScope() : previous_(c10::WarningUtils::get_warning_handler()) {
-  c10::WarningUtils::set_warning_handler(&g_handler);
-}
-
-TaskWarningScope::~TaskWarningScope() { c10::WarningUtils::set_warning_handler(previous_); }
+void queue_warnings_of_this_thread() { c10::WarningUtils::set_warning_handler(&g_handler); }
 
 bool deliver_task_warnings() {
   if (!g_has_pending.load(std::memory_order_acquire)) return false;

@@ -2,8 +2,8 @@
 //
 // A CPU kernel warns with TORCH_WARN on the stream worker that runs it, where
 // no Python handler listens: the warning would go to stderr, unseen by
-// `warnings.catch_warnings` and warning filters. Every task runs inside a
-// TaskWarningScope that queues what it raises; the host re-emits the queue on
+// `warnings.catch_warnings` and warning filters. Stream workers queue what
+// their tasks raise instead; the host re-emits the queue on
 // its own thread (as c10::warn, so the Python handler of the calling op turns
 // it into a Python warning) at the call that waited for the task — the first
 // call of an op signature — or else at the next launch or synchronisation.
@@ -15,17 +15,9 @@
 
 namespace torchneuron::backend {
 
-// Worker side: collects the warnings the enclosed task raises.
-class TaskWarningScope {
- public:
-  TaskWarningScope();
-  ~TaskWarningScope();
-  TaskWarningScope(const TaskWarningScope&) = delete;
-  TaskWarningScope& operator=(const TaskWarningScope&) = delete;
-
- private:
-  c10::WarningHandler* previous_;
-};
+// Worker side: from now on, warnings raised on the calling thread (a stream
+// worker, at its start) are queued for the host.
+void queue_warnings_of_this_thread();
 
 // Worker side, inside a task: holds back the warnings of an attempt the task
 // may discard (an out= kernel whose result is not used warns about resizing
