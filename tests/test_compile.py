@@ -294,6 +294,25 @@ def test_a_graph_that_fails_to_compile_runs_eagerly_with_one_warning_each(monkey
     assert torch.neuron.memory_allocated() <= before  # nothing the fallback allocated is left
 
 
+def _inductor_error_inner_compile(*args, **kwargs):
+    from torch._inductor.exc import InductorError
+    raise InductorError(RuntimeError("injected lowering failure"), None)
+
+
+@pytest.mark.compile_fallback
+def test_an_inductor_error_falls_back_to_eager_too(monkeypatch):
+    """Inductor wraps its own failures in InductorError, a ShortenTraceback
+    (which Dynamo also uses to steer itself): it is still a compile failure."""
+    monkeypatch.setattr(neuron_backend_module, "compile_fx_inner", _inductor_error_inner_compile)
+    compiled = torch.compile(lambda t: torch.sin(t) * 2, backend="neuron")
+    x = torch.randn(8)
+    with warnings.catch_warnings(record=True) as caught, torch._inductor.config.patch(force_disable_caches=True):
+        warnings.simplefilter("always")
+        out = compiled(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), torch.sin(x) * 2)
+    assert any("injected lowering failure" in str(w.message) for w in caught)
+
+
 def test_strict_mode_raises_the_compile_error():
     code = textwrap.dedent("""
         import torch, torchneuron

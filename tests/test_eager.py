@@ -1153,3 +1153,51 @@ def test_output_dtypes_follow_the_default_dtype_of_each_call(expr):
             torch.testing.assert_close(got.cpu(), want)
     finally:
         torch.set_default_dtype(previous)
+
+
+# The other global state a Meta kernel or the launch path may read, each
+# flipped between two calls of the same op (issue 27 part 1). CPU is the
+# reference for what each call returns.
+def _flip_grad_mode(device):
+    x = torch.ones(3, device=device, requires_grad=True)
+    seen = []
+    for enabled in (False, True, False):
+        with torch.set_grad_enabled(enabled):
+            y = x * 2
+        seen.append((y.requires_grad, y.grad_fn is not None))
+    y.sum().backward() if y.requires_grad else (x * 2).sum().backward()
+    return seen, x.grad.cpu()
+
+
+def _flip_inference_mode(device):
+    x = torch.ones(3, device=device)
+    seen = []
+    for inference in (True, False, True):
+        with torch.inference_mode(inference):
+            y = x + 1
+        seen.append(y.is_inference())
+    return seen, y.cpu()
+
+
+def _flip_deterministic(device):
+    previous = torch.are_deterministic_algorithms_enabled()
+    seen = []
+    try:
+        for on in (False, True, False, True):
+            torch.use_deterministic_algorithms(on)
+            e = torch.empty(4, device=device)  # filled with NaN when deterministic
+            if on:
+                seen.append(bool(e.isnan().all().cpu()))
+            i = torch.tensor([0, 0, 1], device=device)
+            t = torch.zeros(2, device=device).index_put_((i,), torch.ones(3, device=device), accumulate=True)
+            seen.append(t.cpu().tolist())
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    return seen
+
+
+@pytest.mark.parametrize("flip", [_flip_grad_mode, _flip_inference_mode, _flip_deterministic],
+                         ids=["grad mode", "inference mode", "deterministic algorithms"])
+def test_global_state_flipped_between_calls_of_one_op_matches_cpu(flip):
+    want, got = flip("cpu"), flip(DEV)
+    assert str(got) == str(want)

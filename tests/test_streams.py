@@ -409,6 +409,9 @@ def test_in_task_error_surfaces_at_next_sync_and_stream_stays_usable():
     xd = x.to(DEV)
     # The index is computed on the device, so the host cannot know it is bad at launch.
     idx = torch.tensor([5], device=DEV) * 4
+    # A first call of a signature runs while the host waits (it validates the
+    # arguments); a valid one first, so the failing call is a later one.
+    torch.index_select(xd, 0, idx // 4).cpu()
     try:
         torch.index_select(xd, 0, idx)
     except IndexError:
@@ -452,6 +455,7 @@ def test_in_task_error_on_side_stream():
 def test_in_task_error_surfaces_at_device_synchronize():
     side = torch.neuron.Stream()
     xd = torch.randn(10, device=DEV)
+    torch.take(xd, torch.tensor([9], device=DEV))  # validates the signature (a first call waits)
     torch.neuron.synchronize()
     with torch.neuron.stream(side):
         torch.take(xd, torch.tensor([99], device=DEV))

@@ -68,6 +68,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   bool src_dev = src.device().type() == kNeuron, dst_dev = dst.device().type() == kNeuron;
   TORCH_CHECK(src_dev || src.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device());
   TORCH_CHECK(dst_dev || dst.device().is_cpu(), "copy_: cannot copy from ", src.device(), " to ", dst.device());
+  check_not_quantized("copy_", src.scalar_type());
+  check_not_quantized("copy_", dst.scalar_type());
   if (!src.sizes().equals(dst.sizes())) {
     // Checked now, as CPU and CUDA do, rather than inside the task.
     auto shape = at::infer_size_dimvector(dst.sizes(), src.sizes());

@@ -1,5 +1,6 @@
 #include "Launcher.h"
 
+#include <algorithm>
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/op_registration/op_registration.h>
@@ -14,6 +15,7 @@
 #include "../backend/Allocator.h"
 #include "../backend/Current.h"
 #include "../backend/Generator.h"
+#include "../backend/TaskWarnings.h"
 #include "../profiler/OpCost.h"
 #include "HostArgs.h"
 #include "OpTracking.h"
@@ -256,6 +258,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
                         torch::jit::Stack* stack, c10::DeviceIndex device) {
   struct Run {
     torch::jit::Stack inputs, outputs;
+    std::exception_ptr failure;  // raised at the call, like a CPU kernel's error
   };
   if (adaptive::Collector* collector = adaptive::t_collector) {
     collector->aborted = true;
@@ -264,13 +267,25 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
   auto run = std::make_shared<Run>();
   profiler::SyncScope sync(info.name, device);
   runtime::wait_device_idle(device, /*include_communication=*/false);  // as a blocking copy to the host
-  enqueue(device, info.name, [op, host = host_arguments(op, info, args, device), run] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    run->inputs = host.materialize();
-    run->outputs = run->inputs;
-    op.redispatchBoxed(kCPUKeys, &run->outputs);
-  });
+  enqueue(device, info.name,
+          [op, what = std::string_view(info.name), on = backend::current_stream(device),
+           host = host_arguments(op, info, args, device), run] {
+            at::AutoDispatchBelowADInplaceOrView below_autograd;
+            try {
+              try {
+                run->inputs = host.materialize();
+                run->outputs = run->inputs;
+                op.redispatchBoxed(kCPUKeys, &run->outputs);
+              } catch (...) {
+                detail::rethrow_task_error(what, on, /*asynchronous=*/false);
+              }
+            } catch (...) {
+              run->failure = std::current_exception();
+            }
+          });
   backend::synchronize_stream(backend::current_stream(device));
+  backend::deliver_task_warnings();
+  if (run->failure) std::rethrow_exception(run->failure);
 
   std::vector<const at::Tensor*> flat_args;
   std::vector<at::Tensor> flat_views;
@@ -280,6 +295,7 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
   bool uploaded = false;
   auto to_device = [&](const at::Tensor& r) -> at::Tensor {
     if (!r.defined()) return r;
+    check_not_quantized(info.name, r.scalar_type());
     for (size_t j = 0; j < flat_views.size(); ++j) {
       if (!flat_views[j].defined() || flat_args[j]->device().type() != kNeuron) continue;
       if (r.unsafeGetTensorImpl() == flat_views[j].unsafeGetTensorImpl()) {
@@ -335,15 +351,25 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
 
 at::Tensor host_view(const at::Tensor& t) { return TensorSnapshot(t).view(); }
 
+void check_not_quantized(std::string_view what, c10::ScalarType dtype) {
+  if (!c10::isQIntType(dtype)) return;
+  std::string name = c10::toString(dtype);  // QUInt8 -> torch.quint8, as Python prints it
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  TORCH_CHECK_NOT_IMPLEMENTED(false, what, ": neuron does not support quantized tensors (torch.", name,
+                              "): PyTorch's quantized tensors run on the CPU only. Quantize with TorchAO, whose "
+                              "quantized weights are plain tensors and run on neuron, or keep the quantized "
+                              "tensor on the CPU.");
+}
+
 namespace detail {
 
-void rethrow_task_error(std::string_view what, c10::Stream stream) {
+void rethrow_task_error(std::string_view what, c10::Stream stream, bool asynchronous) {
   try {
     throw;
   } catch (c10::Error& e) {
     std::string where = "while running " + std::string(what) + " on " + stream.device().str() + " stream " +
                         std::to_string(stream.id());
-    if (!backend::launch_blocking())
+    if (asynchronous && !backend::launch_blocking())
       where += " (an asynchronous task; the error surfaces at the next synchronization, set "
                "NEURON_LAUNCH_BLOCKING=1 to raise it at the launching line)";
     e.add_context(where);
@@ -373,6 +399,7 @@ at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::S
 void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   OpInfo& info = op_info(op);
   info.counters->executed.fetch_add(1, std::memory_order_relaxed);
+  backend::deliver_task_warnings();  // from asynchronous tasks since the last launch
   const size_t nargs = op.schema().arguments().size();
   std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - nargs), std::make_move_iterator(stack->end()));
   torch::jit::drop(*stack, nargs);
@@ -386,16 +413,23 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   auto plan = info.plans.get(op, args, !info.scalars_shape_free);
   if (plan->synchronous || plan->cpu_disagrees.load(std::memory_order_relaxed) || resizes_an_alias(*plan, info, args))
     return launch_synchronous(op, info, args, stack, device);
-  // The first call is checked against the CPU kernel and, if the plan was
-  // wrong, run again synchronously: only for ops that running twice cannot
-  // harm (ops that update an input keep the run-time error below).
-  // In a graph capture nothing runs now: the recorded task raises if the plan
-  // is wrong instead (warm up before capturing, as on CUDA).
+  // The first call of a signature runs while the host waits, and its error
+  // and warnings are raised here, at the call. CUDA validates arguments on
+  // the host before it launches; here the CPU kernel's checks run in the
+  // task, and a signature that passed them once passes them again, so later
+  // calls run asynchronously and only value-dependent errors (an index out of
+  // range) surface at the next synchronisation, as CUDA's device asserts do.
+  // The first call is also checked against the CPU kernel and, if the plan
+  // was wrong, run again synchronously: only for ops that running twice
+  // cannot harm (ops that update an input keep the run-time error below).
+  // In a graph capture nothing runs now: the recorded task raises instead
+  // (warm up before capturing, as on CUDA).
   runtime::Stream& stream = backend::runtime_stream(backend::current_stream(device));
   // Nor inside a fused program (adaptive eager), whose tasks run later as
-  // one: a wrong plan raises there too.
-  const bool first = !plan->checked.load(std::memory_order_acquire) && !info.writes_inputs && !stream.capturing() &&
-                     !adaptive::t_collector;
+  // one: errors surface there as for any asynchronous task.
+  const bool first = (!plan->checked.load(std::memory_order_acquire) || plan->warns.load(std::memory_order_relaxed)) &&
+                     !stream.capturing() && !adaptive::t_collector;
+  const bool check_plan = first && !info.writes_inputs;
 
   c10::SmallVector<const at::Tensor*, 8> flat;
   for (const auto& a : args) for_each_tensor(a, [&](const at::Tensor& t) { flat.push_back(&t); });
@@ -436,8 +470,8 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                  !info.out_variant_failed.load(std::memory_order_relaxed);
   profiler::TaskFacts facts;
   if (profiler::recording()) facts = profiler::op_cost(info.name, args, info.written, new_outputs);
-  auto body = [op, &info, use_out, first, host = host_arguments(op, info, args, device), outputs = std::move(outputs),
-           plan] {
+  auto body = [op, &info, use_out, first, check_plan, host = host_arguments(op, info, args, device),
+               outputs = std::move(outputs), plan] {
             const auto& new_index = plan->new_index;
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             auto stack = host.materialize();
@@ -454,11 +488,13 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                 with_out.emplace_back(std::move(list));
               }
               try {
+                backend::TentativeWarnings warnings;
                 info.out_variant->redispatchBoxed(kCPUKeys, &with_out);
                 // An out= kernel that grew an output used it as scratch; some
                 // (binary_cross_entropy) then return a wrong reduction, so
                 // only untouched outputs are trusted.
                 if (outputs.restore(out_views, /*allow_moved=*/false)) {
+                  warnings.keep();
                   if (first) plan->checked.store(true, std::memory_order_release);
                   return;
                 }
@@ -472,7 +508,7 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
             // input was fine, the out= kernel is the problem; stop using it.
             if (use_out) info.out_variant_failed.store(true, std::memory_order_relaxed);
             if (!host.restore(inputs)) {
-              if (first) return plan->cpu_disagrees.store(true, std::memory_order_relaxed);
+              if (check_plan) return plan->cpu_disagrees.store(true, std::memory_order_relaxed);
               TORCH_CHECK(false, info.name, ": the CPU kernel gave an output argument another layout than the one "
                           "planned from the op's Meta kernel");
             }
@@ -483,13 +519,14 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
                 ++k;
                 if (idx < 0) return;
                 const at::Tensor& out = out_views[idx].toTensor();
-                if (!t.sizes().equals(out.sizes())) {
-                  if (first) return plan->cpu_disagrees.store(true, std::memory_order_relaxed);
+                if (!t.sizes().equals(out.sizes()) || t.scalar_type() != out.scalar_type() || t.is_quantized()) {
+                  if (check_plan) return plan->cpu_disagrees.store(true, std::memory_order_relaxed);
                   // The Meta kernel disagrees with the CPU kernel: from now on
                   // this op runs synchronously, with shapes from the CPU kernel.
                   info.synchronous.store(true, std::memory_order_relaxed);
-                  TORCH_CHECK(false, info.name, ": the CPU kernel returned an output of shape ", t.sizes(),
-                              " where the Meta kernel planned ", out.sizes(), "; the op now runs synchronously");
+                  TORCH_CHECK(false, info.name, ": the CPU kernel returned an output of shape ", t.sizes(), " and dtype ",
+                              t.scalar_type(), " where the Meta kernel planned ", out.sizes(), " and ",
+                              out.scalar_type(), "; the op now runs synchronously");
                 }
                 out.copy_(t);
               });
@@ -497,23 +534,45 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
             if (first && !plan->cpu_disagrees.load(std::memory_order_relaxed))
               plan->checked.store(true, std::memory_order_release);
           };
-  // Random ops draw from eager's generator, so they are never deferred.
   const size_t nreturns = op.schema().returns().size();
-  std::optional<uint64_t> seq =
-      first || info.has_generator
-          ? enqueue(device, info.name, std::move(body), facts)
-          : enqueue_or_defer(device, op, info.name, args,
-                             c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nreturns, nreturns),
-                             std::move(body), facts);
-  if (first) {
-    // Wait for the task without taking its error, if any: that still
-    // surfaces at the next synchronisation, and the plan stays unchecked.
-    profiler::SyncScope sync("first call of an op (checks its output plan)", device);
-    stream.wait_until(*seq);
-    if (plan->cpu_disagrees.load(std::memory_order_relaxed)) {
-      torch::jit::drop(*stack, op.schema().returns().size());
-      return launch_synchronous(op, info, args, stack, device);
-    }
+  if (!first) {
+    // Random ops draw from eager's generator, so they are never deferred.
+    if (info.has_generator) enqueue(device, info.name, std::move(body), facts);
+    else
+      enqueue_or_defer(device, op, info.name, args,
+                       c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nreturns, nreturns), std::move(body),
+                       facts);
+    return;
+  }
+  // The task keeps its error for this call instead of leaving it on the
+  // stream; the plan stays unchecked, so the next call waits and raises too.
+  auto failure = std::make_shared<std::exception_ptr>();
+  uint64_t seq = enqueue(
+      device, info.name,
+      [body = std::move(body), failure, what = std::string_view(info.name),
+       on = backend::current_stream(device)]() mutable {
+        try {
+          try {
+            body();
+          } catch (...) {
+            detail::rethrow_task_error(what, on, /*asynchronous=*/false);
+          }
+        } catch (...) {
+          *failure = std::current_exception();
+        }
+      },
+      facts);
+  {
+    profiler::SyncScope sync("first call of an op signature (validates it)", device);
+    stream.wait_until(seq);
+  }
+  // A kernel that warned may warn again (one that warns once stops waiting
+  // at its next call).
+  plan->warns.store(backend::deliver_task_warnings(), std::memory_order_relaxed);
+  if (*failure) std::rethrow_exception(*failure);
+  if (plan->cpu_disagrees.load(std::memory_order_relaxed)) {
+    torch::jit::drop(*stack, nreturns);
+    return launch_synchronous(op, info, args, stack, device);
   }
 }
 
@@ -521,6 +580,25 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torchneuron::aten::launch>());
+}
+
+namespace {
+// Every op that would create or use a quantized neuron tensor (a quantized
+// dtype requested for a neuron factory dispatches here).
+void refuse_quantized(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  c10::ScalarType dtype = c10::ScalarType::QInt8;
+  for (const auto& v : torch::jit::last(*stack, op.schema().arguments().size())) {
+    if (v.isTensor() && c10::isQIntType(v.toTensor().scalar_type())) dtype = v.toTensor().scalar_type();
+    if (v.isInt() && v.toInt() >= 0 && v.toInt() < int64_t(c10::ScalarType::NumOptions) &&
+        c10::isQIntType(c10::ScalarType(v.toInt())))
+      dtype = c10::ScalarType(v.toInt());
+  }
+  torchneuron::aten::check_not_quantized(c10::toString(op.operator_name()), dtype);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_quantized>());
 }
 
 namespace {

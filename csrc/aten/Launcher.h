@@ -38,8 +38,9 @@ uint64_t enqueue(c10::DeviceIndex device, std::string_view what, Body&& body,
                  const profiler::TaskFacts& facts = {});
 
 namespace detail {
-// Adds the op name and stream to a task's error, keeping its type.
-[[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream);
+// Adds the op name and stream to a task's error, keeping its type; an
+// asynchronous one also says when it surfaces.
+[[noreturn]] void rethrow_task_error(std::string_view what, c10::Stream stream, bool asynchronous = true);
 void after_enqueue(runtime::Stream& stream);
 
 // `body` as a stream task whose error names `what` and the stream.
@@ -95,6 +96,12 @@ std::optional<uint64_t> enqueue_or_defer(c10::DeviceIndex device, const c10::Ope
                   detail::task_record(stream, what, current, facts));
   return std::nullopt;
 }
+
+// Refuses PyTorch's quantized dtypes (quint8, qint8, qint32, quint4x2,
+// quint2x4), naming `what`: neuron keeps no quantized tensors (their
+// quantizer, engines and kernels are CPU-only); TorchAO's quantized layouts
+// are plain tensors and run here.
+void check_not_quantized(std::string_view what, c10::ScalarType dtype);
 
 // Uninitialised neuron tensor with the given geometry.
 at::Tensor empty_neuron(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,

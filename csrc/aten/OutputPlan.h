@@ -37,13 +37,15 @@ struct OutputPlan {
   // The op must run synchronously (data-dependent output shapes, outputs
   // that are not tensors, or no Meta kernel).
   bool synchronous = false;
-  // Whether the CPU kernel was seen to agree with the plan. The first call
-  // of each plan runs to completion before the launch returns and checks
-  // output shapes and out= layouts against the plan; where the CPU kernel
-  // disagrees (a Meta kernel that is wrong for it), that call and every
-  // later one with this signature take the synchronous path, which uses
-  // what the CPU kernel produced.
-  mutable std::atomic<bool> checked{false}, cpu_disagrees{false};
+  // Whether a call with this signature has run without error. Until one has,
+  // each call runs to completion before the launch returns, so argument
+  // errors the CPU kernel raises surface at the call; it also checks output
+  // shapes and out= layouts against the plan: where the CPU kernel disagrees
+  // (a Meta kernel that is wrong for it), that call and every later one with
+  // this signature take the synchronous path, which uses what the CPU kernel
+  // produced. A signature whose kernel warned waits at its next call too, so
+  // warnings are raised at the call.
+  mutable std::atomic<bool> checked{false}, cpu_disagrees{false}, warns{false};
   // One entry per schema return; a Tensor[] return has several specs.
   std::vector<std::vector<OutputSpec>> returns;
   // Written arguments whose geometry the op changes (out= resizing).

@@ -64,6 +64,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Device> device, std::optional<bool>,
                                std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(c10::Device(kNeuron, device_of(device)));
+  check_not_quantized("empty", c10::dtype_or_default(dtype));
   return filled_if_deterministic(at::detail::empty_generic(size, &backend::caching_allocator(),
                                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                            c10::dtype_or_default(dtype), memory_format));
@@ -72,6 +73,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(c10::Device(kNeuron, device_of(device)));
+  check_not_quantized("empty_strided", c10::dtype_or_default(dtype));
   return filled_if_deterministic(at::detail::empty_strided_generic(size, stride, &backend::caching_allocator(),
                                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                                    c10::dtype_or_default(dtype)));

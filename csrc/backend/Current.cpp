@@ -13,6 +13,7 @@ extern "C" void omp_set_num_threads(int);  // from the OpenMP runtime torch load
 
 #include "../profiler/Recorder.h"
 #include "SyncTrace.h"
+#include "TaskWarnings.h"
 
 namespace torchneuron::backend {
 
@@ -39,6 +40,7 @@ void configure_worker() {
   keys.excluded_ = keys.excluded_ | c10::autograd_dispatch_keyset_with_ADInplaceOrView;
   c10::impl::_force_tls_local_dispatch_key_set(keys);
   if (int n = runtime::config().worker_threads) omp_set_num_threads(n);
+  queue_warnings_of_this_thread();  // kernel warnings reach the host's Python
 }
 
 // Runtime errors are std exceptions; surface them as the c10 errors PyTorch
@@ -142,6 +144,7 @@ void synchronize_stream(c10::Stream stream) {
   profiler::SyncScope sync("stream synchronize", stream.device_index(), int(stream.id()));
   s.synchronize();
   trace_sync(SyncKind::kStreamSynchronize, nullptr, stream);
+  deliver_task_warnings();
 }
 
 void synchronize_device(c10::DeviceIndex device) {
@@ -153,6 +156,7 @@ void synchronize_device(c10::DeviceIndex device) {
   profiler::SyncScope sync("device synchronize", device);
   runtime::synchronize_device(device);
   trace_sync(SyncKind::kDeviceSynchronize, nullptr, default_stream(device));
+  deliver_task_warnings();
 }
 
 }  // namespace torchneuron::backend

@@ -22,7 +22,7 @@ import time
 import warnings
 
 import torch
-from torch._dynamo.exc import RestartAnalysis, ShortenTraceback, SkipFrame
+from torch._dynamo.exc import RestartAnalysis, SkipFrame
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.output_code import OutputCode
 
@@ -123,7 +123,8 @@ class EagerGraph(OutputCode):
 
 
 # Raised on purpose inside compilation to steer Dynamo; never a compile failure.
-_CONTROL_FLOW = (RestartAnalysis, SkipFrame, ShortenTraceback)
+# (Not ShortenTraceback: Inductor's own failures, InductorError, derive from it.)
+_CONTROL_FLOW = (RestartAnalysis, SkipFrame)
 
 
 def _inner_compile(gm, example_inputs, *, graph_name: str, failed: list, **kwargs):
