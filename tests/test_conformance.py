@@ -134,7 +134,7 @@ def test_harness_catches_another_exception_type():
 
 def test_known_lists_name_real_ops_and_modules():
     names = {op_name(op) for op in op_db}
-    listed = known.RANDOM | known.STORAGE_OPS | {n for n, _ in known.CUDA_CONVENTION_DTYPE} | {
+    listed = known.RANDOM | known.STORAGE_OPS | {
         n for n, _ in known.IMPOSSIBLE} | {n for n, _ in known.DEVICE_DEPENDENT}
     assert listed <= names, f"not OpInfo names: {sorted(listed - names)}"
     assert known.RANDOM_MODULES <= {m.name for m in module_db}

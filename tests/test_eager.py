@@ -1201,3 +1201,29 @@ def _flip_deterministic(device):
 def test_global_state_flipped_between_calls_of_one_op_matches_cpu(flip):
     want, got = flip("cpu"), flip(DEV)
     assert str(got) == str(want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make", [lambda: torch.nn.LayerNorm(8), lambda: torch.nn.BatchNorm1d(3)],
+                         ids=["LayerNorm", "BatchNorm1d"])
+def test_half_precision_normalisation_trains_like_cpu_and_stays_asynchronous(make, dtype):
+    """The statistics of bf16/fp16 normalisation keep CPU's dtype (the Meta
+    kernels say float32), so the CPU backward kernels accept them and the
+    ops need no synchronous fallback."""
+    import torchneuron
+    torch.manual_seed(0)
+    cpu = make().to(dtype)
+    dev = make().to(dtype).to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(4, 3, 8, dtype=dtype)
+    before = dict(torchneuron.get_fallback_ops())
+    for _ in range(2):
+        xc, xd = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+        cpu(xc).float().pow(2).sum().backward()
+        dev(xd).float().pow(2).sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+    for (pc, pd) in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(pd.grad.cpu(), pc.grad)
+    for (bc, bd) in zip(cpu.buffers(), dev.buffers()):
+        torch.testing.assert_close(bd.cpu(), bc)
+    assert dict(torchneuron.get_fallback_ops()) == before

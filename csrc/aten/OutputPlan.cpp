@@ -145,11 +145,29 @@ c10::IValue meta_value(const c10::IValue& v) {
   return v;
 }
 
-// Meta kernels that disagree with the CPU (and CUDA) kernels of 2.13 on an
-// output's shape, corrected here so the op stays asynchronous.
+// Meta kernels that disagree with the CPU kernels of 2.13 on an output's
+// shape or dtype, corrected here so the op stays asynchronous (the first-call
+// check would otherwise find the disagreement and make it synchronous).
 void correct_known_meta_disagreements(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                       torch::jit::Stack& results) {
   const auto& name = op.schema().name();
+  if (name == "aten::native_layer_norm" || name == "aten::native_batch_norm" ||
+      name == "aten::_native_batch_norm_legit" || name == "aten::_batch_norm_with_update") {
+    // The statistics of bf16/fp16 normalisation: Meta (and CUDA) declare
+    // float32, the CPU kernels keep the input dtype unless a parameter or
+    // running statistic is float32. The CPU backward kernels expect the CPU
+    // dtype, so the device keeps CPU's.
+    c10::ScalarType in = args[0].toTensor().scalar_type();
+    bool same = in == c10::kBFloat16 || in == c10::kHalf;
+    for (size_t i = 1; i < args.size() && same; ++i)
+      for_each_tensor(args[i], [&](const at::Tensor& t) {
+        if (t.defined() && t.is_floating_point() && t.scalar_type() != in) same = false;
+      });
+    if (same)
+      for (size_t r = 1; r < 3 && r < results.size(); ++r)
+        if (results[r].isTensor() && results[r].toTensor().defined())
+          results[r] = results[r].toTensor().to(in);
+  }
   if (name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit") {
     // In inference (training=False) save_mean and save_invstd are empty.
     auto training = std::find_if(op.schema().arguments().begin(), op.schema().arguments().end(),

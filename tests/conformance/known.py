@@ -52,22 +52,6 @@ def random_sample(name: str, sample) -> bool:
                for k in ("dropout_p", "dropout"))
 
 
-# Deliberate differences from the CPU kernel, compared with the difference
-# allowed. Values must still match.
-CUDA_CONVENTION_DTYPE = {
-    # The statistics (mean, rstd / invstd) of bf16/fp16 normalisation come out
-    # in float32, as on CUDA and as the Meta kernels (hence torch.compile)
-    # declare; CPU keeps the input dtype. Compared with the dtype check off.
-    ("native_layer_norm", torch.bfloat16): "float32 statistics (CUDA and Meta convention)",
-    ("native_layer_norm", torch.float16): "float32 statistics (CUDA and Meta convention)",
-    ("native_batch_norm", torch.bfloat16): "float32 statistics (CUDA and Meta convention)",
-    ("native_batch_norm", torch.float16): "float32 statistics (CUDA and Meta convention)",
-    ("_native_batch_norm_legit", torch.bfloat16): "float32 statistics (CUDA and Meta convention)",
-    ("_native_batch_norm_legit", torch.float16): "float32 statistics (CUDA and Meta convention)",
-    ("_batch_norm_with_update", torch.bfloat16): "float32 statistics (CUDA and Meta convention)",
-    ("_batch_norm_with_update", torch.float16): "float32 statistics (CUDA and Meta convention)",
-}
-
 # Cases the device cannot run, with the reason.
 IMPOSSIBLE: dict[tuple[str, torch.dtype | None], str] = {}
 
@@ -88,6 +72,5 @@ def table() -> list[tuple[str, str, str, str]]:
     rows = [(name, "all", "shapes and dtypes only", why(name)) for name in sorted(RANDOM | RANDOM_MODULES)]
     rows += [(n, str(d).replace("torch.", ""), "shapes and dtypes only", r) for (n, d), r in DEVICE_DEPENDENT.items()]
     rows += [(name, "all", "samples as given only", "defined on the storage") for name in sorted(STORAGE_OPS)]
-    rows += [(n, str(d).replace("torch.", ""), "dtype not compared", r) for (n, d), r in CUDA_CONVENTION_DTYPE.items()]
     rows += [(n, "all" if d is None else str(d).replace("torch.", ""), "not run", r) for (n, d), r in IMPOSSIBLE.items()]
     return rows

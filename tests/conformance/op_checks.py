@@ -78,7 +78,6 @@ class OpCheck:
         self.op, self.dtype, self.max_samples = op, dtype, max_samples
         self.name = op_name(op)
         self.atol, self.rtol = tolerance(op, dtype)
-        self.exact_dtype = (self.name, dtype) not in known.CUDA_CONVENTION_DTYPE
 
     # -- helpers ----------------------------------------------------------------------------------
     def samples(self, requires_grad=False):
@@ -93,7 +92,7 @@ class OpCheck:
         return known.values_not_compared(self.name, self.dtype) or known.random_sample(self.name, sample)
 
     def compare(self, actual, expected, sample) -> None:
-        assert_same(actual, expected, atol=self.atol, rtol=self.rtol, exact_dtype=self.exact_dtype,
+        assert_same(actual, expected, atol=self.atol, rtol=self.rtol, exact_dtype=True,
                     shapes_only=self.shapes_only(sample))
 
     @staticmethod
