@@ -192,3 +192,20 @@ def test_legacy_autograd_profiler_reports_device_times(capfd):
         assert 0 <= e.device_time_total < 60e6
     assert sum(e.device_time_total for e in mm) > 0
     assert "aten::mm" in prof.key_averages().table(sort_by="cpu_time_total")
+
+
+@pytest.mark.parametrize("poll", ["stream", "event"])
+def test_polling_a_stream_or_event_reports_a_failed_task(poll):
+    """As CUDA's query returns the error: a loop that polls instead of
+    synchronising must not go on to read a failed result."""
+    x = torch.arange(5.0, device=DEV)
+    torch.take(x, torch.tensor([4], device=DEV)).cpu()  # validates the signature
+    y = torch.take(x, torch.tensor([40], device=DEV))  # fails on the device, later
+    stream = torch.neuron.current_stream()
+    done = stream.record_event() if poll == "event" else None
+    with pytest.raises(IndexError, match="take"):
+        while not (done.query() if done is not None else stream.query()):
+            pass
+    del y
+    torch.neuron.synchronize()  # the error was taken by the query
+    assert stream.query()

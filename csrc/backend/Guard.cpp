@@ -58,7 +58,14 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     as_event(event)->block(runtime_stream(stream));
     trace_sync(SyncKind::kEventWait, event, stream);
   }
-  bool queryEvent(void* event) const override { return !event || as_event(event)->query(); }
+  // A completed event or stream also reports a failed task, as CUDA's query
+  // returns the error: a poll loop must not read a failed result silently.
+  bool queryEvent(void* event) const override {
+    if (!event) return true;
+    if (!as_event(event)->query()) return false;
+    as_event(event)->synchronize();  // completed: returns at once, or rethrows
+    return true;
+  }
   void synchronizeEvent(void* event) const override {
     if (!event) return;
     profiler::SyncScope sync("event synchronize", as_event(event)->device());
@@ -78,7 +85,12 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = types.has_QUInt4x2 = types.has_QUInt2x4 = false;
     return cap;
   }
-  bool queryStream(const c10::Stream& stream) const override { return runtime_stream(stream).query(); }
+  bool queryStream(const c10::Stream& stream) const override {
+    auto& s = runtime_stream(stream);
+    if (!s.query()) return false;
+    s.rethrow_error();
+    return true;
+  }
   void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override { synchronize_device(device_index); }
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
