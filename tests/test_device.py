@@ -639,3 +639,26 @@ def test_import_cost_under_one_second(import_runs, clock):
     auto = min(r[clock] for r in import_runs["auto"])
     noauto = min(r[clock] for r in import_runs["noauto"])
     assert auto - noauto < 1.0, f"import torch ({clock}): {auto:.2f}s with autoload vs {noauto:.2f}s without"
+
+
+class _OpaqueWrapper(torch.Tensor):
+    """A wrapper subclass that handles no op itself (like TorchAO's MXTensor for this query)."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"_OpaqueWrapper: {func}")
+
+
+def test_shallow_copy_compatibility_of_a_tensor_subclass_is_answered_as_on_cpu():
+    """Module.to() asks it of every parameter; on CPU the composite kernel
+    answers above the subclass's __torch_dispatch__, and so must neuron's."""
+    for device in ("cpu", "neuron"):
+        w = _OpaqueWrapper(torch.zeros(2, device=device))
+        assert torch._has_compatible_shallow_copy_type(w, w) is True, device

@@ -174,4 +174,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("record_stream", record_stream);
 }
 
+// Also above the Python key, where the CompositeImplicitAutograd kernel it
+// replaces ran: a tensor subclass (TorchAO's MXTensor) must not receive the
+// query in __torch_dispatch__, or model.to("neuron") fails for it.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+}
+
 }  // namespace torchneuron::aten
