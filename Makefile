@@ -19,6 +19,8 @@ $(VENV)/bin/python:
 	$(PY) -m pip install ninja setuptools wheel numpy tqdm pytest pytest-timeout expecttest pyarrow ml_dtypes
 	# The extra torchneuron[hf]: the model zoo tests (tests/models) and examples/hf.
 	$(PY) -m pip install "transformers>=5.23,<6" "accelerate>=1.15" "diffusers>=0.42"
+	# The extra torchneuron[ao]: TorchAO float8/int8/MX (tests/test_low_precision.py); 0.18 is built for torch 2.13.
+	$(PY) -m pip install torch==2.13.0 "torchao==0.18.*"
 
 env: $(VENV)/bin/python
 
