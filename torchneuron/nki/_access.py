@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki._batch import Affine, Unbatchable
+from torchneuron.nki._batch import Affine, RuntimeInt, Unbatchable
 from torchneuron.nki._dtypes import as_dtype, packed_of, storage_of
 from torchneuron.nki._errors import NKIError
 from torchneuron.nki._tile import NkiTensor
@@ -125,6 +125,12 @@ def _integer_tile(x, what):
     if x.dtype.is_floating_point or x.dtype == torch.bool:
         raise NKIError("access-pattern", f"{what}: the index tile {x.describe()} must hold integers")
     return _same_in_every_iteration(x.read(what=what), what)
+
+
+def _from_data(x):
+    """Whether a dynamic offset is read from data when the kernel runs (a tile, a register, a
+    ``dynamic_range`` variable over register bounds): scratch data in the check and trial passes."""
+    return isinstance(x, RuntimeInt) or not isinstance(x, (type(None), int, np.integer, Affine))
 
 
 def scalar_value(x, what):
@@ -275,8 +281,10 @@ def access_pattern(t, pattern, offset=0, scalar_offset=None, vector_offset=None,
     if ctx.checking or ctx.trial:
         # Offsets read from tiles hold scratch data in these passes: where they leave the tensor they
         # count as 0 here, and the run pass checks the real ones.
-        if problem and not isinstance(scalar_offset, (type(None), int, np.integer, Affine)):
+        if problem and (_from_data(scalar_offset) or isinstance(offset, RuntimeInt)):
             shift = Affine(0)
+            if isinstance(offset, RuntimeInt):
+                start = 0
             problem = _bounds_problem(t, pairs, _starts(start, moves), rows, shape, total, what)
         if rows is not None:
             low, high = _extent(pairs[1:])
@@ -350,7 +358,7 @@ def _select(self, dim, index):
     """``t[..., index, ...]`` along ``dim``, which the result drops. ``index`` is an int, a loop
     variable, or a 1x1 integer tile or register (its value now)."""
     dim = self._dim(dim, "select")
-    if not isinstance(index, (int, np.integer, Affine)):
+    if _from_data(index):
         index = scalar_value(index, f"select({dim}) of {self.describe()}")
         ctx = _context.current()
         if (ctx.checking or ctx.trial) and isinstance(index, int):  # scratch data: the run pass checks it
@@ -376,6 +384,106 @@ def _ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirec
     return access_pattern(self, pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
 
 
+def _rearrange_names(pattern, what, side):
+    """A rearrange pattern as a list of groups of names (a lone name is a group of one)."""
+    if isinstance(pattern, str) or not isinstance(pattern, (tuple, list)):
+        raise NKIError("view", f"{what}: the {side} pattern is a tuple of dimension names (str) or tuples of "
+                       f"names, got {pattern!r}")
+    groups = []
+    for item in pattern:
+        group = (item,) if isinstance(item, str) else item
+        if not isinstance(group, (tuple, list)) or not group or not all(isinstance(n, str) for n in group):
+            raise NKIError("view", f"{what}: each entry of the {side} pattern is a dimension name (str) or a "
+                           f"non-empty tuple of names, got {item!r}")
+        groups.append(tuple(group))
+    names = [n for g in groups for n in g]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise NKIError("view", f"{what}: the {side} pattern names {repeated} more than once")
+    return groups, names
+
+
+def _rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
+    """einops-style ``rearrange``: split the ``src_pattern`` groups, reorder the names into
+    ``dst_pattern``'s order, merge its groups; a view of the same memory (no copy)."""
+    what = f"rearrange({src_pattern!r}, {dst_pattern!r}) of {self.describe()}"
+    src, src_names = _rearrange_names(src_pattern, what, "source")
+    dst, dst_names = _rearrange_names(dst_pattern, what, "destination")
+    if len(src) != self.ndim:
+        raise NKIError("view", f"{what}: the source pattern has {len(src)} entries for the tensor's {self.ndim} "
+                       "dimensions")
+    if sorted(src_names) != sorted(dst_names):
+        raise NKIError("view", f"{what}: the destination pattern must use the source's names exactly once each; "
+                       f"source {sorted(src_names)}, destination {sorted(dst_names)}")
+    fixed = dict(fixed_sizes or {})
+    unknown = sorted(set(fixed) - set(src_names))
+    if unknown:
+        raise NKIError("view", f"{what}: fixed_sizes names {unknown}, which the patterns do not use")
+    sizes = {}
+    for d, group in enumerate(src):  # the size of every name
+        n = self.shape[d]
+        known = {name: fixed[name] for name in group if name in fixed}
+        for name, k in known.items():
+            if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+                raise NKIError("view", f"{what}: fixed_sizes[{name!r}] must be a positive int, got {k!r}")
+        free = [name for name in group if name not in fixed]
+        if len(group) == 1:
+            if known and known[group[0]] != n:
+                raise NKIError("view", f"{what}: fixed_sizes gives {group[0]!r} size {known[group[0]]}, but "
+                               f"dimension {d} has {n} elements")
+            sizes[group[0]] = n
+            continue
+        if len(free) > 1:
+            raise NKIError("view", f"{what}: splitting dimension {d} ({n} elements) into {group} needs the sizes "
+                           f"of all names but one in fixed_sizes; {free} are unknown")
+        product = math.prod(known.values())
+        if (free and n % product) or (not free and product != n):
+            raise NKIError("view", f"{what}: dimension {d} has {n} elements, which the sizes "
+                           f"{ {name: known[name] for name in group if name in known} } of {group} do not split")
+        sizes.update(known)
+        if free:
+            sizes[free[0]] = n // product
+    if self.buffer.on_chip and (sizes[src[0][0]] != self.shape[0] or dst[0][:1] != src[0][:1]
+                                or math.prod(sizes[name] for name in dst[0]) != self.shape[0]):
+        raise NKIError("access-pattern", f"{what}: the partition dimension of an on-chip tile stays first and is "
+                       "neither split nor merged")
+    split = self.reshape([sizes[name] for name in src_names])
+    order = [src_names.index(name) for name in dst_names]
+    moved = split.permute(order) if order != list(range(len(order))) else split
+    shape, steps = moved.shape, moved.data.stride()[len(moved.batch):]
+    d = 0
+    for group in dst if moved.key is None else ():  # a merged group: consecutive in memory, in order
+        dims = [(shape[i], steps[i]) for i in range(d, d + len(group)) if shape[i] != 1]
+        if any(outer[1] != inner[1] * inner[0] for outer, inner in zip(dims, dims[1:])):
+            raise NKIError("view", f"{what}: the merged dimensions {group} are not contiguous in memory in that "
+                           "order (merge dimensions that are adjacent and in order, or copy the data)")
+        d += len(group)
+    return moved.reshape([math.prod(sizes[name] for name in group) for group in dst])
+
+
+def _vector_select(self, dim, vector_offset):
+    """Dimension 0 of an HBM tensor addressed per partition: partition p of the result is row
+    ``vector_offset[p, 0]`` (a gather when read, a scatter when written)."""
+    what = f"vector_select({dim}) of {self.describe()}"
+    if dim != 0:
+        raise NKIError("access-pattern", f"{what}: vector_select addresses dimension 0 only (dim must be 0)")
+    if self.buffer.on_chip:
+        raise NKIError("access-pattern", f"{what}: vector_select addresses HBM tensors only (an on-chip tile has "
+                       "its partitions in dimension 0)")
+    if self.key is not None:
+        raise NKIError("index", f"{what}: the tensor is already an indexed access (one dynamic select per tensor)")
+    if not isinstance(vector_offset, NkiTensor) or vector_offset.ndim != 2 or vector_offset.shape[1] != 1 \
+            or vector_offset.buffer.name != "sbuf":
+        got = vector_offset.describe() if isinstance(vector_offset, NkiTensor) else type(vector_offset).__name__
+        raise NKIError("access-pattern", f"{what}: vector_offset must be a (num_partitions, 1) integer tile in SBUF, "
+                       f"got {got}")
+    partitions = vector_offset.shape[0]
+    if partitions > 128:
+        raise NKIError("partition-dim", f"{what}: vector_offset gives {partitions} partitions; at most 128")
+    pattern = [[0, partitions]] + [[st, n] for st, n in zip(self.strides[1:], self.shape[1:])]
+    return access_pattern(self, pattern, offset=None, vector_offset=vector_offset, indirect_dim=0)
+
+
 def _layout(self):
     """(offset, strides) of this view in the tensor's memory flattened row-major, in elements."""
     offset, strides = layout(self)
@@ -390,6 +498,8 @@ def _is_contiguous(self):
 NkiTensor.select = _select
 NkiTensor.view = _view_as
 NkiTensor.ap = _ap
+NkiTensor.rearrange = _rearrange
+NkiTensor.vector_select = _vector_select
 NkiTensor._layout = _layout
 NkiTensor.offset = property(lambda self: self._layout()[0])
 NkiTensor.strides = property(lambda self: tuple(self._layout()[1]))

@@ -47,6 +47,49 @@ class Additive:
         return self * other
 
 
+class RuntimeInt(int):
+    """An integer the hardware reads from data when the kernel runs: the induction variable of an
+    ``nl.dynamic_range`` loop whose bounds are registers, and integer arithmetic on one. It is an
+    ``int`` (the run pass has the real value), but in the check and trial passes it comes from
+    scratch data, so the access patterns it offsets (``.ap(offset=, scalar_offset=)``, ``select``)
+    are bounds-checked with the real values only, in the run pass."""
+
+    __slots__ = ()
+
+    def _keep(self, value):
+        return RuntimeInt(value) if type(value) is int else value
+
+    def __add__(self, other):
+        return self._keep(int.__add__(self, other))
+
+    def __radd__(self, other):
+        return self._keep(int.__radd__(self, other))
+
+    def __sub__(self, other):
+        return self._keep(int.__sub__(self, other))
+
+    def __rsub__(self, other):
+        return self._keep(int.__rsub__(self, other))
+
+    def __mul__(self, other):
+        return self._keep(int.__mul__(self, other))
+
+    def __rmul__(self, other):
+        return self._keep(int.__rmul__(self, other))
+
+    def __floordiv__(self, other):
+        return self._keep(int.__floordiv__(self, other))
+
+    def __mod__(self, other):
+        return self._keep(int.__mod__(self, other))
+
+    def __neg__(self):
+        return RuntimeInt(-int(self))
+
+    def __repr__(self):
+        return f"RuntimeInt({int(self)})"
+
+
 class Affine(Additive):
     """An integer that depends on batched loop indices: ``const + sum(coeff[L] * index_L)``."""
 

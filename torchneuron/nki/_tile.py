@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from torchneuron.nki import _context
-from torchneuron.nki._batch import Additive, Affine, Unbatchable, affine_values, simplify
+from torchneuron.nki._batch import Additive, Affine, RuntimeInt, Unbatchable, affine_values, simplify
 from torchneuron.nki._dtypes import PackedDtype, as_dtype, packed_error  # noqa: F401 - as_dtype re-exported
 from torchneuron.nki._errors import NKIError, kernel_position
 
@@ -230,6 +230,33 @@ def _normalise(key, ndim, what):
             raise NKIError("index", f"{what} cannot be indexed with {type(k).__name__}")
         out.append(k)
     return tuple(out)
+
+
+def _scratch_key(key, shape):
+    """In the check and trial passes, indices that are ``RuntimeInt`` (``dynamic_range`` variables
+    over register bounds) hold scratch data: moved inside the tensor, keeping the access's size (the
+    run pass checks the real ones)."""
+    entries = key if isinstance(key, tuple) else (key,)
+
+    def runtime(x):
+        return isinstance(x, RuntimeInt)
+
+    if not any(runtime(k) or isinstance(k, slice) and (runtime(k.start) or runtime(k.stop))
+               or isinstance(k, ds) and runtime(k.start) for k in entries):
+        return key
+    out = []
+    for k, n in zip(entries, shape):
+        if runtime(k):
+            k = min(max(int(k), 0), n - 1)
+        elif isinstance(k, ds) and runtime(k.start):
+            k = ds(min(max(int(k.start), 0), max(n - k.size, 0)), k.size)
+        elif isinstance(k, slice) and (runtime(k.start) or runtime(k.stop)) and k.start is not None \
+                and k.stop is not None:
+            size = max(int(k.stop) - int(k.start), 0)
+            start = min(max(int(k.start), 0), max(n - size, 0))
+            k = slice(start, start + size, k.step)
+        out.append(k)
+    return tuple(out) + tuple(entries[len(out):])
 
 
 class _Shifted:
@@ -527,6 +554,9 @@ class NkiTensor:
             raise NKIError("index", f"{self.describe()} is already an indexed access; index the tensor once")
         self._materialise_batch()
         self.alloc.viewed = True
+        ctx = getattr(_context._local, "ctx", None)
+        if ctx is not None and (ctx.checking or ctx.trial):
+            key = _scratch_key(key, self.shape)
         if not self.batch and type(key) is tuple and all(type(k) is slice or type(k) is int for k in key) \
                 and len(key) <= self.ndim and _in_bounds(key, self.shape):
             return NkiTensor(self.data[key], self.buffer, self.alloc, packed=self.packed)  # the common case, kept fast
@@ -842,7 +872,7 @@ class NkiTensor:
     def _view(self, what, rule, make):
         """A view whose data is ``make(data, nb)`` (``nb``: the data's leading batch dims)."""
         if self.key is not None:
-            raise NKIError(rule, f"{what}: {self.describe()} is an indexed access (a gather); view the tensor")
+            return self._view_of_gather(what, rule, make)
         self._materialise_batch()
         try:
             data = make(self.data, len(self.batch))
@@ -852,6 +882,25 @@ class NkiTensor:
             raise NKIError(rule, f"{what} of {self.describe()}: {e}") from None
         self.alloc.viewed = True
         return NkiTensor(data, self.buffer, self.alloc, batch=self.batch, packed=self.packed)
+
+    def _view_of_gather(self, what, rule, make):
+        """A view (reshape, permute, broadcast, ...) of an indexed access that keeps every element in
+        its row of dimension 0 (NKI allows those after ``vector_select``): the same gather, its
+        indices rearranged. Reinterpreting its bytes (``view(dtype)``) is not possible."""
+        if rule == "view" or not self.shape:
+            raise NKIError(rule, f"{what}: {self.describe()} is an indexed access (a gather); view the tensor")
+        positions = torch.arange(math.prod(self.shape)).reshape(self.shape)
+        try:
+            moved = make(positions, 0)
+        except RuntimeError as e:
+            raise NKIError(rule, f"{what} of {self.describe()}: {e}") from None
+        idx = moved.numpy()
+        rows = np.arange(self.shape[0]).reshape([-1] + [1] * (idx.ndim - 1))
+        if not idx.ndim or idx.shape[0] != self.shape[0] or (idx // max(math.prod(self.shape[1:]), 1) != rows).any():
+            raise NKIError(rule, f"{what}: {self.describe()} is an indexed access (a gather); a view of it keeps "
+                           "dimension 0 (each row stays in its partition)")
+        key = tuple(np.broadcast_to(np.asarray(k), self.shape).reshape(-1)[idx] for k in self.key)
+        return NkiTensor(self.data, self.buffer, self.alloc, key=key, shape=tuple(idx.shape), packed=self.packed)
 
     def _dim(self, dim, what, extra=0):
         """``dim`` (negative: from the end) as an index among ``ndim + extra`` dims."""

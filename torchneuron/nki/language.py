@@ -8,7 +8,7 @@ import torch
 
 from torchneuron.nki import _alu, _context, _dtypes
 from torchneuron.nki._alu import reduction_axes, tensor_args
-from torchneuron.nki._batch import Affine, Unbatchable
+from torchneuron.nki._batch import Affine, RuntimeInt, Unbatchable
 from torchneuron.nki._errors import NKIError, kernel_position
 from torchneuron.nki._ops import (as_dtype, check_one_psum_input, check_partitions, compute, lead, make_result,
                                   operand, record, result_dtype, tile_shape, wrap_torch_errors)
@@ -248,10 +248,23 @@ def _batched(ctx, site, iterations):
 
 def dynamic_range(start, stop=None, step=1):
     """A loop run by the hardware, whose bounds may be registers (``nisa.register_alloc``) holding
-    values read from tiles: the emulator reads them when the loop starts."""
+    values read from tiles: the emulator reads them when the loop starts. With a register bound
+    the induction variable is a ``RuntimeInt``: an access-pattern offset made from it is checked
+    against the tensor with the real values (the run pass), not the check pass's scratch data."""
+    if isinstance(step, RuntimeInt) or (not isinstance(step, (int, np.integer)) and hasattr(step, "__index__")):
+        raise NKIError("loop-bounds", "nl.dynamic_range: the step must be an int known when the kernel is traced "
+                       f"(the hardware loop encodes it as an immediate), got {type(step).__name__}")
+    dynamic = builtins.any(_from_data(v) for v in (start, stop))
     start = _register_value(start)
     stop = _register_value(stop) if stop is not None else None
-    return _range("dynamic_range", start, stop, step)
+    iterations = _range("dynamic_range", start, stop, step)
+    return [RuntimeInt(i) for i in iterations] if dynamic else iterations
+
+
+def _from_data(x):
+    """Whether a loop bound is a value read from data (a register, or arithmetic on one)."""
+    return isinstance(x, RuntimeInt) or (not isinstance(x, (int, np.integer, Affine, type(None)))
+                                         and hasattr(x, "__index__"))
 
 
 def _register_value(x):
