@@ -31,8 +31,9 @@ What crosses the seam (vLLM -> torchneuron)
       ``kv_cache_memory_bytes``.
     * ``NeuronAttentionBackend`` (``attention.py``): vLLM's FlexAttention
       backend (cache layout, KV write, checks) with the attention itself done
-      per request over that request's blocks (``index_select`` +
-      ``scaled_dot_product_attention``), not densely over the whole cache.
+      over each request's own blocks (``index_select`` +
+      ``scaled_dot_product_attention``; prefills one by one, the step's decodes
+      in one padded batch), not densely over the whole cache.
     * The kernels (``ops.py``): every vLLM kernel the chosen path calls on
       device tensors has a PyTorch implementation that runs through the
       launcher (stream ordered, on the device): the KV-cache write
