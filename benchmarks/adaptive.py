@@ -10,13 +10,23 @@
   would be one segment, a different program that takes minutes to compile).
 - Launch overhead: host time per small op with the mode on but nothing
   compiled yet (segments never turn hot), vs eager; target: at most 1.25x.
+- A whole run from a cold cache (issue 25, ``--cold``): the demo GPT trained for
+  ``--steps`` steps in fresh processes, warm-up included: neuron eager, adaptive
+  with empty caches, neuron eager again, adaptive again with the caches the first
+  adaptive run filled (a second run of the same program). Per run: seconds, the
+  whole-run and steady-state (last fifth of the steps) ratios to the mean of the
+  two eager runs, and per hot segment its size, compile order, seconds from hot to
+  first replay and the step of its first replay.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,13 +136,103 @@ def launch_overhead(ops: int, rounds: int) -> dict:
                   higher_is_better=False, target_ratio_at_least=0.8)
 
 
+def _one_run(mode: str, d: int, steps: int) -> dict:
+    """One training run in this (fresh) process: per-step seconds and, in adaptive
+    mode, per segment the step of its first replay."""
+    import torch.nn.functional as F
+
+    from train_step import HEADS, LAYERS, VOCAB
+    from torchneuron.demo import GPT
+
+    torch.manual_seed(0)
+    model = GPT(VOCAB, d_model=d, n_layer=LAYERS, n_head=HEADS, context=CONTEXT).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randint(VOCAB, (BATCH, CONTEXT + 1), generator=gen) for _ in range(16)]
+    adaptive.set_enabled(mode != "eager")
+    times, first_replay_step = [], {}
+    start = time.perf_counter()
+    for step in range(steps):
+        t0 = time.perf_counter()
+        chunk = data[step % len(data)].to("neuron")
+        loss = F.cross_entropy(model(chunk[:, :-1]).flatten(0, 1), chunk[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()  # a training loop's logging: waits for the device
+        times.append(time.perf_counter() - t0)
+        if mode != "eager":
+            for r in adaptive.get_metrics()["timeline"]:
+                if r["hot_to_first_replay_seconds"] is not None and r["key"] not in first_replay_step:
+                    first_replay_step[r["key"]] = step
+    total = time.perf_counter() - start
+    out = {"mode": mode, "seconds": total, "times": times}
+    if mode != "eager":
+        m = adaptive.get_metrics()
+        out["segments"] = [{**r, "first_replay_step": first_replay_step.get(r["key"])} for r in m["timeline"]]
+        out["replays"], out["failures"] = m["replays"], [f["reason"][:120] for f in m["failures"]]
+        adaptive._ENGINE.close()  # stops a compile still running: it would compete with the next run
+    return out
+
+
+def cold_runs(d: int, steps: int, max_ops: int | None) -> list[dict]:
+    """Eager, adaptive (cold caches), eager, adaptive (warm: the caches the cold run
+    filled), each a fresh process."""
+    caches = {"TORCHNEURON_ADAPTIVE_CACHE_DIR": tempfile.mkdtemp(prefix="neuron_adaptive_cold_"),
+              "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor_cold_")}
+    if max_ops:
+        caches["TORCHNEURON_ADAPTIVE_MAX_OPS"] = str(max_ops)
+    runs = {}
+    for name, mode in [("eager_1", "eager"), ("adaptive_cold", "adaptive"), ("eager_2", "eager"),
+                       ("adaptive_warm", "adaptive")]:
+        load = os.getloadavg()[0]
+        child = subprocess.run([sys.executable, __file__, "--one-run", mode, "--dims", str(d), "--steps", str(steps)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, **caches})
+        if child.returncode != 0:
+            raise RuntimeError(f"the {name} run failed with {child.returncode}")
+        runs[name] = json.loads(child.stdout.splitlines()[-1])
+        runs[name]["load_before"] = load
+    tail = max(1, steps // 5)
+
+    def steady(run):
+        return statistics.median(run["times"][-tail:])
+
+    eager_s = (runs["eager_1"]["seconds"] + runs["eager_2"]["seconds"]) / 2
+    eager_steady = (steady(runs["eager_1"]) + steady(runs["eager_2"])) / 2
+    rows = []
+    for name in ("adaptive_cold", "adaptive_warm"):
+        run = runs[name]
+        segments = [{k: r[k] for k in ("ops", "cost_units", "source", "order", "estimated_seconds", "compile_seconds",
+                                       "hot_to_first_replay_seconds", "first_replay_step", "failure")}
+                    for r in run["segments"]]
+        replayed = [r["first_replay_step"] for r in segments if r["first_replay_step"] is not None]
+        rows.append(report("adaptive", f"gpt_d{d}_{steps}_steps_{name}" + (f"_max_ops_{max_ops}" if max_ops else ""),
+                           "seconds_per_run", run["seconds"], "neuron_eager", eager_s, higher_is_better=False,
+                           steady_state_ratio=round(eager_steady / steady(run), 3),
+                           steps_until_first_replay=min(replayed) if replayed else None, replays=run["replays"],
+                           failures=run["failures"], segments=segments,
+                           eager_seconds=[round(runs["eager_1"]["seconds"], 1), round(runs["eager_2"]["seconds"], 1)],
+                           load_average=[round(runs[n]["load_before"], 1) for n in runs]))
+    return rows
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=10, help="steps per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--warmup-limit", type=float, default=300.0, help="seconds to wait for compiles")
+    parser.add_argument("--cold", action="store_true",
+                        help="only the whole runs from a cold cache (issue 25), --steps steps each (default 300)")
+    parser.add_argument("--max-ops", type=int, default=None, help="segment size limit for --cold runs")
+    parser.add_argument("--one-run", choices=["eager", "adaptive"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one_run:
+        print(json.dumps(_one_run(args.one_run, args.dims[0], args.steps)))
+        return []
+    if args.cold:
+        return [row for d in args.dims for row in cold_runs(d, args.steps if args.steps != 10 else 300, args.max_ops)]
     rows = [launch_overhead(2000, args.rounds)]
     rows.append(adamw(args.steps, args.rounds, args.warmup_limit))
     for d in args.dims:

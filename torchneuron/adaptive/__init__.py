@@ -41,6 +41,8 @@ def set_enabled(on: bool) -> None:
     from torchneuron import sanitizer  # a sibling of this package, imported late to keep the import order
 
     _C._adaptive_set_enabled(bool(on) and not sanitizer.is_enabled())
+    if is_enabled():
+        _ENGINE.prestart()  # the compiler's imports and warm-up, before the first segment turns hot
 
 
 @contextlib.contextmanager
@@ -90,16 +92,23 @@ def get_metrics() -> dict:
     did not write back; ``op_by_op``: segments that were not considered for
     compilation, by reason; ``compile_seconds``:
     time the compiler process spent; ``failures``: segments that will not be
-    compiled, each with its key, op count and reason.
+    compiled, each with its key, op count and reason; ``timeline``: per
+    segment that turned hot, when (``hot_at``), its size (``ops``,
+    ``cost_units``), where its program came from (``source``: "compiler" or
+    "disk cache"), its place in the compile order (``order``), seconds queued,
+    compiling and from hot to ready, and ``hot_to_first_replay_seconds``
+    (None until it replays; see ``Engine.timeline``).
     """
     m = _C._adaptive_metrics()
     m["ops_per_replay"] = m["ops_replayed"] / m["replays"] if m["replays"] else 0.0
+    m["timeline"] = _ENGINE.timeline()
     return m
 
 
 def reset() -> None:
     """Forgets every segment and zeroes the metrics (compiled programs on disk stay)."""
     _C._adaptive_reset()
+    _ENGINE.reset_timeline()
 
 
 def wait_for_compiles(timeout: float | None = None) -> bool:

@@ -27,6 +27,25 @@ class CompileTimeout(BaseException):  # not an Exception: the compiler must not 
     pass
 
 
+def warm_up() -> None:
+    """What every first compile in a process pays, paid before the first request
+    (the child starts when the mode is turned on, before any segment is hot): the
+    compiler's imports, and a one-op compile for the code generator's own imports
+    and compiler checks. Seconds on a quiet machine, tens of seconds on a busy one."""
+    start = time.perf_counter()
+    try:
+        from torchneuron.adaptive import _engine
+
+        _engine.compile_segment(_engine.warm_up_segment(), _engine.compiler_settings())
+    except Exception as error:  # a warm-up only: the real compiles report their own errors
+        print(f"torchneuron adaptive compiler: warm-up failed ({type(error).__name__}: {error})", file=sys.stderr)
+    global WARM_UP_SECONDS
+    WARM_UP_SECONDS = time.perf_counter() - start
+
+
+WARM_UP_SECONDS = 0.0
+
+
 def main() -> None:
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # compiler chatter must not reach the answer pipe
@@ -36,6 +55,13 @@ def main() -> None:
         pass
     from torchneuron.adaptive import _engine
 
+    warm_up()
+    # Tells the program the compiler is warm (the key "" names no segment): the program
+    # then loads the warm-up's program, for its own first load's imports.
+    try:
+        _engine._send(answers, ("", True, WARM_UP_SECONDS, "warm-up"))
+    except BrokenPipeError:  # the program does not read answers any more; the index still gets them
+        os.dup2(os.open(os.devnull, os.O_WRONLY), answers.fileno())
     limit = 0.0
 
     def abandon(signum, frame):
