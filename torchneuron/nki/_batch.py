@@ -56,38 +56,27 @@ class RuntimeInt(int):
 
     __slots__ = ()
 
-    def _keep(self, value):
-        return RuntimeInt(value) if type(value) is int else value
-
-    def __add__(self, other):
-        return self._keep(int.__add__(self, other))
-
-    def __radd__(self, other):
-        return self._keep(int.__radd__(self, other))
-
-    def __sub__(self, other):
-        return self._keep(int.__sub__(self, other))
-
-    def __rsub__(self, other):
-        return self._keep(int.__rsub__(self, other))
-
-    def __mul__(self, other):
-        return self._keep(int.__mul__(self, other))
-
-    def __rmul__(self, other):
-        return self._keep(int.__rmul__(self, other))
-
-    def __floordiv__(self, other):
-        return self._keep(int.__floordiv__(self, other))
-
-    def __mod__(self, other):
-        return self._keep(int.__mod__(self, other))
-
     def __neg__(self):
         return RuntimeInt(-int(self))
 
     def __repr__(self):
         return f"RuntimeInt({int(self)})"
+
+
+def _keeping_runtime(name):
+    """``int``'s operator `name`, returning a RuntimeInt where int returns an int."""
+    op = getattr(int, name)
+
+    def method(self, other):
+        value = op(self, other)
+        return RuntimeInt(value) if type(value) is int else value
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__", "__mod__"):
+    setattr(RuntimeInt, _name, _keeping_runtime(_name))
 
 
 class Affine(Additive):
