@@ -17,6 +17,13 @@
   whole-run and steady-state (last fifth of the steps) ratios to the mean of the
   two eager runs, and per hot segment its size, compile order, seconds from hot to
   first replay and the step of its first replay.
+- The background compiler's cost to the program (issue 25 part 3, ``--impact``):
+  the demo GPT's eager step time while the compiler process starts and compiles
+  the GPT's own step (cut at 64 ops, fresh caches), against the same steps with
+  the compiler stopped (SIGSTOP to its process group), in alternating windows;
+  the ratio is the median over pairs of adjacent windows. Also the seconds the
+  compiler ran until it was warm and until its first program was ready (its time
+  to a first replay while the program trains), for each ``--priorities`` choice.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -136,6 +144,89 @@ def launch_overhead(ops: int, rounds: int) -> dict:
                   higher_is_better=False, target_ratio_at_least=0.8)
 
 
+# Ways the compiler process may yield to the program (``_worker.yield_to_the_program``);
+# "default" is what the worker does unless told otherwise.
+PRIORITIES = {
+    "default": None,
+    "nice10": {"nice": 10},
+    "nice10_1thread": {"nice": 10, "compile_threads": 1},
+    "nice19": {"nice": 19},
+    "idle": {"sched_idle": True},
+    "idle_1thread": {"sched_idle": True, "compile_threads": 1},
+}
+
+
+def compiler_impact(d: int, priority_name: str, window_s: float, limit_s: float) -> dict:
+    """Eager steps of the d-model GPT with the compiler process working (it starts,
+    warms up, then compiles the same GPT's step segments) and stopped, window by
+    window; see the module docstring."""
+    for name in ("TORCHNEURON_ADAPTIVE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):  # nothing compiled yet
+        os.environ[name] = tempfile.mkdtemp(prefix=f"impact_{priority_name}_")
+    engine = adaptive._ENGINE
+    engine.close()
+    adaptive.reset()
+    engine.priority = PRIORITIES[priority_name]
+    saved = adaptive.configure()
+    # Pieces that compile in a minute or two, not one step of minutes; a time limit the
+    # stopped windows do not eat into (the compiler's clock runs while it is stopped).
+    adaptive.configure(max_ops=64, compile_timeout=10 * limit_s)
+    eager, hot = make_loop("neuron", d, 2), make_loop("neuron", d, 1)
+    eager()
+    hot()
+    load = os.getloadavg()[0]
+    with adaptive.enabled():  # starts the compiler, which starts warming up
+        for _ in range(3):  # the step's pieces turn hot and queue
+            hot()
+    adaptive.configure(**saved)
+    group = engine._child.pid
+    pairs = []  # (phase, seconds per step with the compiler working, and stopped)
+    active = warm_active = ready_active = 0.0
+    try:
+        while active < limit_s and ready_active == 0.0:
+            window = {}
+            for working in (True, False):
+                os.killpg(group, signal.SIGCONT if working else signal.SIGSTOP)
+                phase = "compiling" if engine.warm_at is not None else "starting"
+                t0, samples = time.perf_counter(), []
+                while time.perf_counter() - t0 < window_s:
+                    samples.append(eager())
+                elapsed = time.perf_counter() - t0
+                window[working] = statistics.mean(samples)
+                if working:
+                    active += elapsed
+                    if not warm_active and engine.warm_at is not None:
+                        warm_active = active
+                    if engine.wait_idle(0):  # an answer came: the compiler was idle for part of the window
+                        ready_active = active
+            if not ready_active:
+                pairs.append((phase, window[True], window[False]))
+    finally:
+        os.killpg(group, signal.SIGCONT)  # never leave it stopped
+        engine.close()
+        engine.priority = None
+    m = adaptive.get_metrics()
+    ready = [r for r in m["timeline"] if r["compile_seconds"] is not None]
+    ratios = [stopped / working for _phase, working, stopped in pairs]
+    by_phase = {phase: round(statistics.median([b / a for p, a, b in pairs if p == phase]), 3)
+                for phase in ("starting", "compiling") if any(p == phase for p, _a, _b in pairs)}
+    working_ms = statistics.median([a for _p, a, _b in pairs]) * 1e3
+    stopped_ms = statistics.median([b for _p, _a, b in pairs]) * 1e3
+    return report("adaptive", f"gpt_d{d}_eager_step_while_compiling_{priority_name}", "ms_per_step", working_ms,
+                  "compiler_stopped", stopped_ms, higher_is_better=False, target_ratio_at_least=round(1 / 1.15, 3),
+                  paired_ratio=round(statistics.median(ratios), 3), paired_ratio_by_phase=by_phase,
+                  window_pairs=len(pairs), window_seconds=window_s, priority=engine_priority(priority_name),
+                  compiler_seconds_until_warm=round(warm_active, 1) or None,
+                  compiler_seconds_until_first_program=round(ready_active, 1) or None,
+                  first_program_ops=ready[0]["ops"] if ready else None,
+                  failures=[f["reason"][:120] for f in m["failures"]], load_average=round(load, 1))
+
+
+def engine_priority(name: str) -> dict:
+    from torchneuron.adaptive import _worker
+
+    return PRIORITIES[name] if PRIORITIES[name] is not None else _worker.PRIORITY
+
+
 def _one_run(mode: str, d: int, steps: int) -> dict:
     """One training run in this (fresh) process: per-step seconds and, in adaptive
     mode, per segment the step of its first replay."""
@@ -226,11 +317,18 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--cold", action="store_true",
                         help="only the whole runs from a cold cache (issue 25), --steps steps each (default 300)")
     parser.add_argument("--max-ops", type=int, default=None, help="segment size limit for --cold runs")
+    parser.add_argument("--impact", action="store_true",
+                        help="only the background compiler's cost to eager steps (issue 25 part 3)")
+    parser.add_argument("--priorities", nargs="+", choices=sorted(PRIORITIES), default=["default"],
+                        help="--impact: how the compiler yields, one measurement each")
+    parser.add_argument("--window", type=float, default=2.0, help="--impact: seconds per window")
     parser.add_argument("--one-run", choices=["eager", "adaptive"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_run:
         print(json.dumps(_one_run(args.one_run, args.dims[0], args.steps)))
         return []
+    if args.impact:
+        return [compiler_impact(d, name, args.window, args.warmup_limit) for d in args.dims for name in args.priorities]
     if args.cold:
         return [row for d in args.dims for row in cold_runs(d, args.steps if args.steps != 10 else 300, args.max_ops)]
     rows = [launch_overhead(2000, args.rounds)]

@@ -2,7 +2,8 @@
 overlaps matmuls, export to Parquet, and the collectives table shows it.
 
 Rank 1 joins the all_reduce late (after a store key says rank 0's matmuls
-are queued), so rank 0's transfer must span its matmuls: a known overlap."""
+are queued), and rank 0 queues its matmuls only once its transfer has had
+time to start, so the transfer must span them: a known overlap."""
 
 import inspect
 import os
@@ -31,6 +32,8 @@ def on_rank_profile_all_reduce(rank, world_size, directory):
             store.wait(["profiler/matmuls queued"])
             time.sleep(0.2)  # rank 0's matmuls run while its all_reduce waits for this rank
         work = dist.all_reduce(t, async_op=True)  # the collective
+        if rank == 0:
+            time.sleep(0.1)  # its transfer has begun (a busy host can start it late) before the matmuls run
         b = a @ a
         for _ in range(4):
             b = b @ a / 192

@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -184,6 +185,10 @@ class Engine:
         self._timeline: dict[str, dict] = {}
         self._epoch = time.monotonic()
         self._dispatcher: threading.Thread | None = None
+        # How the next compiler process yields to this one (None: the worker's PRIORITY;
+        # benchmarks/adaptive.py --impact sets others), and when the current one became warm.
+        self.priority: dict | None = None
+        self.warm_at: float | None = None
 
     # ---- called by the runtime (with the GIL) --------------------------------
 
@@ -278,8 +283,12 @@ class Engine:
         if self._child is not None and self._child.poll() is None:
             return self._child
         env = dict(os.environ, TORCHNEURON_ADAPTIVE_EAGER="0")
-        self._child = subprocess.Popen([sys.executable, "-m", "torchneuron.adaptive._worker"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        priority = [] if self.priority is None else [json.dumps(self.priority)]
+        self.warm_at = None
+        # Its own process group, with Inductor's compile workers and the C++ compilers they
+        # start: close() stops them all, and a Ctrl-C meant for the program does not reach them.
+        self._child = subprocess.Popen([sys.executable, "-m", "torchneuron.adaptive._worker", *priority],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, process_group=0)
         threading.Thread(target=self._read_answers, args=(self._child,), daemon=True,
                          name="torchneuron-adaptive-compiles").start()
         return self._child
@@ -328,6 +337,7 @@ class Engine:
                 return
             key, ok, seconds, reason = answer
             if key == "":  # the compiler is warm: so is this process's loading, from now on in the background
+                self.warm_at = time.monotonic()
                 threading.Thread(target=_warm_load, daemon=True, name="torchneuron-adaptive-warm-load").start()
                 continue
             with self._lock:
@@ -360,7 +370,10 @@ class Engine:
                 self._waiting.discard(key)
             self._lock.notify_all()
         if child is not None:
-            child.kill()
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the whole group has exited already
+                pass
             child.wait()
         for key in lost:
             _C._adaptive_compile_done(key, False, 0.0, "the compiler process was stopped")

@@ -3,8 +3,8 @@
 Reads ``(key, description, inductor_config, time_limit)`` requests on stdin,
 compiles each segment with Inductor under the parent's config (filling the
 compile cache), records the outcome in the segment index and answers ``(key,
-ok, seconds, reason)`` on stdout. It runs at a lower priority than the
-program it compiles for.
+ok, seconds, reason)`` on stdout. It yields the cores to the program it
+compiles for (``yield_to_the_program``).
 
 A compile that takes longer than its time limit (``compile_timeout`` of
 ``torchneuron.adaptive.configure``, 300 s by default) is abandoned: the child
@@ -17,10 +17,40 @@ machine, may try again.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
+
+
+# How the compiler yields to the program. Chosen with `benchmarks/adaptive.py --impact`
+# (docs/adaptive.md, "The compiler's cost to the program").
+PRIORITY = {"sched_idle": False, "nice": 10, "compile_threads": None}
+
+
+def yield_to_the_program(sched_idle: bool = False, nice: int = 0, compile_threads: int | None = None) -> None:
+    """Lowers this process's claim on the cores, for every thread it has and every
+    process it starts (Inductor's compile workers, the C++ compiler inherit it).
+
+    ``sched_idle``: Linux's SCHED_IDLE, which runs only on cycles no other task
+    wants and is preempted as soon as one does; ``nice``: added to the inherited
+    niceness (Linux applies it per thread); ``compile_threads``: Inductor's
+    parallel kernel compiles (None: Inductor's choice, one per core).
+    """
+    for task in os.listdir("/proc/self/task"):
+        tid = int(task)
+        try:
+            if sched_idle:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        except OSError:  # a thread that just ended, or a system that refuses: the compile still runs
+            pass
+    if compile_threads is not None:
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = compile_threads
 
 
 class CompileTimeout(BaseException):  # not an Exception: the compiler must not swallow it
@@ -46,13 +76,10 @@ def warm_up() -> None:
 WARM_UP_SECONDS = 0.0
 
 
-def main() -> None:
+def main(priority: dict | None = None) -> None:
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # compiler chatter must not reach the answer pipe
-    try:
-        os.nice(10)
-    except OSError:
-        pass
+    yield_to_the_program(**(PRIORITY if priority is None else priority))
     from torchneuron.adaptive import _engine
 
     warm_up()
@@ -98,4 +125,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # An optional JSON argument replaces PRIORITY (benchmarks/adaptive.py --impact compares them).
+    main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else None)
