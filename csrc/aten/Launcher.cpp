@@ -258,34 +258,26 @@ void launch_synchronous(const c10::OperatorHandle& op, OpInfo& info, std::vector
                         torch::jit::Stack* stack, c10::DeviceIndex device) {
   struct Run {
     torch::jit::Stack inputs, outputs;
-    std::exception_ptr failure;  // raised at the call, like a CPU kernel's error
   };
   if (adaptive::Collector* collector = adaptive::t_collector) {
     collector->aborted = true;
     throw adaptive::ReplayAborted("a synchronous op in a fused program");
   }
   auto run = std::make_shared<Run>();
+  auto failure = std::make_shared<std::exception_ptr>();  // raised at the call, like a CPU kernel's error
   profiler::SyncScope sync(info.name, device);
   runtime::wait_device_idle(device, /*include_communication=*/false);  // as a blocking copy to the host
   enqueue(device, info.name,
-          [op, what = std::string_view(info.name), on = backend::current_stream(device),
-           host = host_arguments(op, info, args, device), run] {
-            at::AutoDispatchBelowADInplaceOrView below_autograd;
-            try {
-              try {
-                run->inputs = host.materialize();
-                run->outputs = run->inputs;
-                op.redispatchBoxed(kCPUKeys, &run->outputs);
-              } catch (...) {
-                detail::rethrow_task_error(what, on, /*asynchronous=*/false);
-              }
-            } catch (...) {
-              run->failure = std::current_exception();
-            }
-          });
+          detail::keeping_error(info.name, backend::current_stream(device), failure,
+                                [op, host = host_arguments(op, info, args, device), run] {
+                                  at::AutoDispatchBelowADInplaceOrView below_autograd;
+                                  run->inputs = host.materialize();
+                                  run->outputs = run->inputs;
+                                  op.redispatchBoxed(kCPUKeys, &run->outputs);
+                                }));
   backend::synchronize_stream(backend::current_stream(device));
   backend::deliver_task_warnings();
-  if (run->failure) std::rethrow_exception(run->failure);
+  if (*failure) std::rethrow_exception(*failure);
 
   std::vector<const at::Tensor*> flat_args;
   std::vector<at::Tensor> flat_views;
@@ -547,21 +539,9 @@ void launch(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stac
   // The task keeps its error for this call instead of leaving it on the
   // stream; the plan stays unchecked, so the next call waits and raises too.
   auto failure = std::make_shared<std::exception_ptr>();
-  uint64_t seq = enqueue(
-      device, info.name,
-      [body = std::move(body), failure, what = std::string_view(info.name),
-       on = backend::current_stream(device)]() mutable {
-        try {
-          try {
-            body();
-          } catch (...) {
-            detail::rethrow_task_error(what, on, /*asynchronous=*/false);
-          }
-        } catch (...) {
-          *failure = std::current_exception();
-        }
-      },
-      facts);
+  uint64_t seq =
+      enqueue(device, info.name, detail::keeping_error(info.name, backend::current_stream(device), failure, std::move(body)),
+              facts);
   {
     profiler::SyncScope sync("first call of an op signature (validates it)", device);
     stream.wait_until(seq);

@@ -55,6 +55,25 @@ runtime::Stream::Task as_task(std::string_view what, c10::Stream stream, Body&& 
   };
 }
 
+// `body` as a task whose error (named as `as_task` names it, but raised at
+// the call rather than at a later synchronisation) is kept in `failure` for
+// the launching thread, which waits for the task, to rethrow.
+template <typename Body>
+auto keeping_error(std::string_view what, c10::Stream stream, std::shared_ptr<std::exception_ptr> failure,
+                   Body&& body) {
+  return [what, stream, failure = std::move(failure), body = std::forward<Body>(body)]() mutable {
+    try {
+      try {
+        body();
+      } catch (...) {
+        rethrow_task_error(what, stream, /*asynchronous=*/false);
+      }
+    } catch (...) {
+      *failure = std::current_exception();
+    }
+  };
+}
+
 inline std::shared_ptr<runtime::TaskRecord> task_record(const runtime::Stream& s, std::string_view what,
                                                         c10::Stream stream, const profiler::TaskFacts& facts) {
   return profiler::recording() && !s.capturing()
