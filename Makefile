@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BUILD_STAMP := $(VENV)/.torchneuron-built
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: env build demo test test-distributed test-slow test-vllm model-coverage bench conformance info clean
+.PHONY: env build demo test test-distributed test-slow test-vllm test-vllm-slow model-coverage bench conformance info clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,7 +60,12 @@ $(VLLM_STAMP):
 
 test-vllm: build $(VLLM_STAMP)
 	$(VPY) tests/vllm/link_torchneuron.py --main-python $(PY)
-	$(VPY) -m pytest -q -m vllm tests/vllm
+	$(VPY) -m pytest -q -m "vllm and not slow and not distributed" tests/vllm
+
+# Serving, slower tier: vLLM's compiled mode (cold compiles) and tensor parallel 2 (about 3 min).
+test-vllm-slow: build $(VLLM_STAMP)
+	$(VPY) tests/vllm/link_torchneuron.py --main-python $(PY)
+	$(VPY) -m pytest -q -m "vllm and (slow or distributed)" tests/vllm
 
 # Two-rank tests: collectives, faults, every parallelism style (tests/distributed).
 test-distributed: build

@@ -13,7 +13,8 @@
 - A whole run from a cold cache (issue 25, ``--cold``): the demo GPT trained for
   ``--steps`` steps in fresh processes, warm-up included: neuron eager, adaptive
   with empty caches, neuron eager again, adaptive again with the caches the first
-  adaptive run filled (a second run of the same program). Per run: seconds, the
+  adaptive run filled (a second run of the same program; after each adaptive run,
+  untimed, the compiles it started finish, up to ``--warmup-limit`` s). Per run: seconds, the
   whole-run and steady-state (last fifth of the steps) ratios to the mean of the
   two eager runs, and per hot segment its size, compile order, seconds from hot to
   first replay and the step of its first replay.
@@ -148,12 +149,27 @@ def launch_overhead(ops: int, rounds: int) -> dict:
 # "default" is what the worker does unless told otherwise.
 PRIORITIES = {
     "default": None,
+    "as_program": {},  # no yielding at all: what the measurement reports when the compiler competes
     "nice10": {"nice": 10},
     "nice10_1thread": {"nice": 10, "compile_threads": 1},
     "nice19": {"nice": 19},
     "idle": {"sched_idle": True},
     "idle_1thread": {"sched_idle": True, "compile_threads": 1},
 }
+
+
+def _group_cpu_seconds(group: int) -> float:
+    """CPU seconds used by the processes of a process group (with their waited-for children)."""
+    ticks = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # it exited meanwhile
+            continue
+        if int(fields[2]) == group:  # fields from the state on: pgrp is the third, utime..cstime the 12th-15th
+            ticks += sum(int(v) for v in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def compiler_impact(d: int, priority_name: str, window_s: float, limit_s: float) -> dict:
@@ -181,16 +197,18 @@ def compiler_impact(d: int, priority_name: str, window_s: float, limit_s: float)
     group = engine._child.pid
     pairs = []  # (phase, seconds per step with the compiler working, and stopped)
     active = warm_active = ready_active = 0.0
+    cpu = {True: 0.0, False: 0.0}  # the compiler's CPU seconds in the windows where it worked, was stopped
     try:
         while active < limit_s and ready_active == 0.0:
             window = {}
-            for working in (True, False):
+            for working in (True, False) if len(pairs) % 2 == 0 else (False, True):  # ABBA: cancels a drift
                 os.killpg(group, signal.SIGCONT if working else signal.SIGSTOP)
                 phase = "compiling" if engine.warm_at is not None else "starting"
-                t0, samples = time.perf_counter(), []
+                t0, cpu0, samples = time.perf_counter(), _group_cpu_seconds(group), []
                 while time.perf_counter() - t0 < window_s:
                     samples.append(eager())
                 elapsed = time.perf_counter() - t0
+                cpu[working] += _group_cpu_seconds(group) - cpu0
                 window[working] = statistics.mean(samples)
                 if working:
                     active += elapsed
@@ -214,7 +232,9 @@ def compiler_impact(d: int, priority_name: str, window_s: float, limit_s: float)
     return report("adaptive", f"gpt_d{d}_eager_step_while_compiling_{priority_name}", "ms_per_step", working_ms,
                   "compiler_stopped", stopped_ms, higher_is_better=False, target_ratio_at_least=round(1 / 1.15, 3),
                   paired_ratio=round(statistics.median(ratios), 3), paired_ratio_by_phase=by_phase,
-                  window_pairs=len(pairs), window_seconds=window_s, priority=engine_priority(priority_name),
+                  window_pairs=len(pairs), window_seconds=window_s,
+                  compiler_cores_while_working=round(cpu[True] / active, 2),
+                  compiler_cpu_seconds_while_stopped=round(cpu[False], 1), priority=engine_priority(priority_name),
                   compiler_seconds_until_warm=round(warm_active, 1) or None,
                   compiler_seconds_until_first_program=round(ready_active, 1) or None,
                   first_program_ops=ready[0]["ops"] if ready else None,
@@ -227,7 +247,7 @@ def engine_priority(name: str) -> dict:
     return PRIORITIES[name] if PRIORITIES[name] is not None else _worker.PRIORITY
 
 
-def _one_run(mode: str, d: int, steps: int) -> dict:
+def _one_run(mode: str, d: int, steps: int, finish_limit_s: float) -> dict:
     """One training run in this (fresh) process: per-step seconds and, in adaptive
     mode, per segment the step of its first replay."""
     import torch.nn.functional as F
@@ -262,11 +282,17 @@ def _one_run(mode: str, d: int, steps: int) -> dict:
         m = adaptive.get_metrics()
         out["segments"] = [{**r, "first_replay_step": first_replay_step.get(r["key"])} for r in m["timeline"]]
         out["replays"], out["failures"] = m["replays"], [f["reason"][:120] for f in m["failures"]]
-        adaptive._ENGINE.close()  # stops a compile still running: it would compete with the next run
+        # Untimed: the compiles the run started finish (within a limit), as they would in the
+        # background of a longer run, so that the next run is a second run of a program
+        # whose first run compiled its segments. What is left is stopped: it would compete.
+        start = time.perf_counter()
+        out["compiles_finished"] = adaptive.wait_for_compiles(finish_limit_s)
+        out["seconds_to_finish_compiles"] = time.perf_counter() - start
+        adaptive._ENGINE.close()
     return out
 
 
-def cold_runs(d: int, steps: int, max_ops: int | None) -> list[dict]:
+def cold_runs(d: int, steps: int, max_ops: int | None, finish_limit_s: float) -> list[dict]:
     """Eager, adaptive (cold caches), eager, adaptive (warm: the caches the cold run
     filled), each a fresh process."""
     caches = {"TORCHNEURON_ADAPTIVE_CACHE_DIR": tempfile.mkdtemp(prefix="neuron_adaptive_cold_"),
@@ -277,7 +303,8 @@ def cold_runs(d: int, steps: int, max_ops: int | None) -> list[dict]:
     for name, mode in [("eager_1", "eager"), ("adaptive_cold", "adaptive"), ("eager_2", "eager"),
                        ("adaptive_warm", "adaptive")]:
         load = os.getloadavg()[0]
-        child = subprocess.run([sys.executable, __file__, "--one-run", mode, "--dims", str(d), "--steps", str(steps)],
+        child = subprocess.run([sys.executable, __file__, "--one-run", mode, "--dims", str(d), "--steps", str(steps),
+                                "--warmup-limit", str(finish_limit_s)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, **caches})
         if child.returncode != 0:
@@ -302,6 +329,8 @@ def cold_runs(d: int, steps: int, max_ops: int | None) -> list[dict]:
                            "seconds_per_run", run["seconds"], "neuron_eager", eager_s, higher_is_better=False,
                            steady_state_ratio=round(eager_steady / steady(run), 3),
                            steps_until_first_replay=min(replayed) if replayed else None, replays=run["replays"],
+                           untimed_seconds_to_finish_compiles=round(run.get("seconds_to_finish_compiles", 0), 1),
+                           compiles_finished=run.get("compiles_finished"),
                            failures=run["failures"], segments=segments,
                            eager_seconds=[round(runs["eager_1"]["seconds"], 1), round(runs["eager_2"]["seconds"], 1)],
                            load_average=[round(runs[n]["load_before"], 1) for n in runs]))
@@ -325,12 +354,13 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--one-run", choices=["eager", "adaptive"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_run:
-        print(json.dumps(_one_run(args.one_run, args.dims[0], args.steps)))
+        print(json.dumps(_one_run(args.one_run, args.dims[0], args.steps, args.warmup_limit)))
         return []
     if args.impact:
         return [compiler_impact(d, name, args.window, args.warmup_limit) for d in args.dims for name in args.priorities]
     if args.cold:
-        return [row for d in args.dims for row in cold_runs(d, args.steps if args.steps != 10 else 300, args.max_ops)]
+        return [row for d in args.dims for row in cold_runs(d, args.steps if args.steps != 10 else 300, args.max_ops,
+                                                    args.warmup_limit)]
     rows = [launch_overhead(2000, args.rounds)]
     rows.append(adamw(args.steps, args.rounds, args.warmup_limit))
     for d in args.dims:

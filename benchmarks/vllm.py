@@ -14,7 +14,11 @@ Cases (one JSON line each, ``ratio`` > 1 means neuron is better):
   spread over a range, ``ignore_eos`` so every prompt yields exactly ``--max-tokens``), output
   tokens/s. Each platform needs its own engine (vLLM picks its platform once per process), so
   each runs in a subprocess that keeps its engine and generates on request; the parent
-  alternates the two (warm-up rounds first) and reports the medians.
+  alternates the two (warm-up rounds first) and reports the medians. With ``--compiled`` a
+  third engine runs neuron in vLLM's compiled mode (its default: Dynamo, piecewise Inductor
+  generating neuron kernels; the other two are ``enforce_eager``), and two more rows compare it
+  with vLLM CPU and with neuron eager (``offline_throughput_compiled*``). Its compile is part
+  of its start-up, printed to stderr, not measured.
 * ``server_ttft`` / ``server_itl``: the OpenAI server (``python -m
   vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs), one streamed
   ``/v1/completions`` request at a time (prompts unique per round: no prefix-cache hits),
@@ -82,13 +86,14 @@ def worker_main(args) -> None:
     start = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", seed=0, max_model_len=args.max_model_len,
               max_num_seqs=args.prompts, kv_cache_memory_bytes=args.kv_cache_mib << 20,
-              enforce_eager=True)
+              enforce_eager=not args.compiled_worker)
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     prompts = [{"prompt_token_ids": ids}
                for ids in prompt_ids(args.prompts, args.shortest, args.longest, vocab)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     print(MARK + json.dumps({"ready": current_platform.device_type,
+                             "mode": llm.llm_engine.vllm_config.compilation_config.mode.name,
                              "start_s": time.perf_counter() - start}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
@@ -101,10 +106,12 @@ def worker_main(args) -> None:
 
 
 class Worker:
-    def __init__(self, platform: str, args, model: str, log_dir: str):
+    def __init__(self, platform: str, args, model: str, log_dir: str, compiled: bool = False):
         self.platform = platform
-        self.log = open(os.path.join(log_dir, f"offline_{platform}.log"), "w")
-        cmd = [sys.executable, __file__, "--_worker", "--model", model]
+        self.compiled = compiled
+        self.name = f"{platform}_compiled" if compiled else platform
+        self.log = open(os.path.join(log_dir, f"offline_{self.name}.log"), "w")
+        cmd = [sys.executable, __file__, "--_worker", "--model", model] + (["--_compiled"] if compiled else [])
         for name in ("prompts", "shortest", "longest", "max_tokens", "max_model_len", "kv_cache_mib"):
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
@@ -122,6 +129,8 @@ class Worker:
         reply = self._reply()
         if reply["ready"] != self.platform:
             raise RuntimeError(f"worker meant for {self.platform} runs on {reply['ready']}")
+        if (reply["mode"] != "NONE") != self.compiled:
+            raise RuntimeError(f"worker {self.name} runs in compilation mode {reply['mode']}")
         return reply
 
     def run(self) -> float:
@@ -140,26 +149,37 @@ class Worker:
         self.log.close()
 
 
-def offline(args, model: str, log_dir: str) -> dict:
-    workers = {p: Worker(p, args, model, log_dir) for p in PLATFORMS}  # start both at once
+def offline(args, model: str, log_dir: str) -> list[dict]:
+    engines = [Worker(p, args, model, log_dir) for p in PLATFORMS]  # all start at once
+    if args.compiled:
+        engines.append(Worker("neuron", args, model, log_dir, compiled=True))
+    workers = {w.name: w for w in engines}
     try:
-        for p, w in workers.items():
-            print(f"offline engine on {p}: {w.ready()['start_s']:.1f} s to start", file=sys.stderr)
-        samples = {p: [] for p in PLATFORMS}
+        for name, w in workers.items():
+            print(f"offline engine {name}: {w.ready()['start_s']:.1f} s to start", file=sys.stderr)
+        samples = {name: [] for name in workers}
         for i in range(args.warmup + args.rounds):
-            # Alternate which platform goes first, so neither always runs right after the other.
-            for p in (PLATFORMS if i % 2 == 0 else PLATFORMS[::-1]):
-                value = workers[p].run()
+            # Rotate which engine goes first, so none always runs right after the same other.
+            order = list(workers)[i % len(workers):] + list(workers)[:i % len(workers)]
+            for name in order:
+                value = workers[name].run()
                 if i >= args.warmup:
-                    samples[p].append(value)
+                    samples[name].append(value)
     finally:
         for w in workers.values():
             w.close()
-    med = {p: statistics.median(v) for p, v in samples.items()}
-    return report("vllm", f"offline_throughput_{args.prompts}x{args.max_tokens}", "output_tokens_per_s",
-                  med["neuron"], "vllm_cpu_platform", med["cpu"], higher_is_better=True,
-                  rounds={p: [round(x, 1) for x in v] for p, v in samples.items()},
-                  prompt_tokens=f"{args.shortest}-{args.longest}")
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    case = f"offline_throughput_{args.prompts}x{args.max_tokens}"
+    extra = dict(rounds={name: [round(x, 1) for x in v] for name, v in samples.items()},
+                 prompt_tokens=f"{args.shortest}-{args.longest}")
+    rows = [report("vllm", case, "output_tokens_per_s", med["neuron"], "vllm_cpu_platform", med["cpu"],
+                   higher_is_better=True, **extra)]
+    if args.compiled:
+        rows.append(report("vllm", case + "_compiled", "output_tokens_per_s", med["neuron_compiled"],
+                           "vllm_cpu_platform", med["cpu"], higher_is_better=True, **extra))
+        rows.append(report("vllm", case + "_compiled_vs_eager", "output_tokens_per_s", med["neuron_compiled"],
+                           "neuron_eager", med["neuron"], higher_is_better=True, **extra))
+    return rows
 
 
 # --- server ------------------------------------------------------------------------------------
@@ -315,7 +335,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--no-cpu-server", dest="cpu_server", action="store_false",
                         help="server: measure neuron only (saves a CPU server start, about a minute)")
     parser.add_argument("--cases", default="offline,server", help="comma-separated: offline, server")
+    parser.add_argument("--compiled", action="store_true",
+                        help="offline: a third engine, neuron in vLLM's compiled mode")
     parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--_compiled", dest="compiled_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._worker:
@@ -332,7 +355,7 @@ def main(argv=None) -> list[dict]:
         os.makedirs(log_dir)
         try:
             if "offline" in cases:
-                rows.append(offline(args, model, log_dir))
+                rows += offline(args, model, log_dir)
             if "server" in cases:
                 rows += server(args, model, log_dir)
         except Exception:

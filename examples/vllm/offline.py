@@ -5,7 +5,9 @@
 
 It builds a tiny random-weight Llama (GQA, head_dim 64) with a tokenizer trained on
 examples/data/corpus.txt, so nothing is downloaded; the text it writes is noise, the point
-is where it runs. See docs/serving.md (make test-vllm creates .venv-vllm).
+is where it runs. It runs in vLLM's default compiled mode: the first start compiles the model
+(30-60 s on 2 cores), later ones load vLLM's compile cache; pass enforce_eager=True to skip it.
+See docs/serving.md (make test-vllm creates .venv-vllm).
 """
 
 import os

@@ -47,10 +47,10 @@ def test_a_kernel_call_is_an_asynchronous_task_on_the_current_stream():
     x = torch.randn(512, 512, device="neuron")
     scale_add(x, x, 0.5)  # the first call of a signature checks the kernel on the host: not timed here
     torch.neuron.synchronize()
-    ref = x.cpu()
-    for _ in range(30):  # queue work ahead of the kernel
+    ref, w_cpu = x.cpu(), w.cpu()
+    for _ in range(30):  # queue work ahead of the kernel (no host read in between: w.cpu() would wait for it)
         x = x @ w
-        ref = ref @ w.cpu()
+        ref = ref @ w_cpu
     out = scale_add(x, x, 0.5)
     assert not torch.neuron.current_stream().query(), "the host waited for the device"
     torch.testing.assert_close(out.cpu(), ref * 1.5, rtol=1e-4, atol=1e-5)

@@ -1,5 +1,6 @@
 """A second family and dtype: a tiny Qwen3 (per-head q/k RMSNorm, GQA) in bfloat16 on neuron,
-against Hugging Face on CPU in bfloat16 (one engine).
+against Hugging Face on CPU in bfloat16: eagerly (one engine), and in vLLM's compiled mode
+(Inductor's bfloat16 neuron kernels; marked ``slow`` for its cold compile).
 
 Teacher-forced, so that bfloat16 near-ties cannot make the sequences diverge:
 the prompt log-probabilities of a fixed 48-token sequence, and each greedy
@@ -21,14 +22,17 @@ def model_dir(tmp_path_factory):
     return tiny_models.build(str(tmp_path_factory.mktemp("tiny_qwen3")), family="qwen3")
 
 
-@pytest.fixture(scope="module")
-def llm(model_dir):
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.slow)])
+def llm(model_dir, request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
+        from vllm.config import CompilationMode
 
         engine = LLM(model=model_dir, dtype="bfloat16", seed=0, max_model_len=128, max_num_seqs=4,
-                     kv_cache_memory_bytes=2 << 20)
+                     kv_cache_memory_bytes=2 << 20, enforce_eager=request.param == "eager")
+        compiled = engine.llm_engine.vllm_config.compilation_config.mode == CompilationMode.VLLM_COMPILE
+        assert compiled == (request.param == "compiled")
         yield engine
         engine.llm_engine.engine_core.shutdown()
 

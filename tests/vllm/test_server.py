@@ -65,7 +65,7 @@ def server(model_dir, tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
          "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "128",
-         "--gpu-memory-utilization", "0.5", "--chat-template", os.path.join(model_dir, "chat_template.jinja"),
+         "--gpu-memory-utilization", "0.5", "--enforce-eager", "--chat-template", os.path.join(model_dir, "chat_template.jinja"),
          "--host", "127.0.0.1", "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "TORCHNEURON_DEVICE_MEMORY": "64MiB"},

@@ -116,6 +116,11 @@ def warm_up_segment() -> dict:
                                              ("constant", 1)], [[0]])]}
 
 
+def segment_key(desc: dict, settings: dict) -> str:
+    """A segment's name on disk: its structure, the compiler settings and the build."""
+    return _graph.key_of(desc, (torch.__version__, build_id(), sorted(settings.items())))
+
+
 def _warm_load() -> None:
     try:
         compile_segment(warm_up_segment(), compiler_settings())
@@ -189,6 +194,7 @@ class Engine:
         # benchmarks/adaptive.py --impact sets others), and when the current one became warm.
         self.priority: dict | None = None
         self.warm_at: float | None = None
+        self._warm_loading = False
 
     # ---- called by the runtime (with the GIL) --------------------------------
 
@@ -196,7 +202,7 @@ class Engine:
         """A segment turned hot: (key, "ready" | "compiling" | "failed", reason)."""
         hot_at = time.monotonic()
         settings = compiler_settings()
-        key = _graph.key_of(desc, (torch.__version__, build_id(), sorted(settings.items())))
+        key = segment_key(desc, settings)
         ops, units = len(desc["ops"]), cost_units(desc)
         record = {"key": key, "ops": ops, "cost_units": round(units, 2), "hot_at": round(hot_at - self._epoch, 3),
                   "source": "compiler", "estimated_seconds": None, "queued_seconds": None,
@@ -273,6 +279,18 @@ class Engine:
         compiler meanwhile, at its low priority)."""
         with self._lock:
             self._ensure_child()
+        entry = read_index(segment_key(warm_up_segment(), compiler_settings()))
+        if entry is not None and entry["ok"]:  # an earlier process compiled it: no need to wait for the child
+            self._warm_load()
+
+    def _warm_load(self) -> None:
+        """Loads the warm-up program in the background, once: this process's first load
+        (the compiler's imports, seconds) is then not paid by a segment's first replay."""
+        with self._lock:
+            if self._warm_loading:
+                return
+            self._warm_loading = True
+        threading.Thread(target=_warm_load, daemon=True, name="torchneuron-adaptive-warm-load").start()
 
     def _ensure_child(self) -> subprocess.Popen:
         """The compiler process, started if needed (with the lock held)."""
@@ -338,7 +356,7 @@ class Engine:
             key, ok, seconds, reason = answer
             if key == "":  # the compiler is warm: so is this process's loading, from now on in the background
                 self.warm_at = time.monotonic()
-                threading.Thread(target=_warm_load, daemon=True, name="torchneuron-adaptive-warm-load").start()
+                self._warm_load()
                 continue
             with self._lock:
                 self._waiting.discard(key)

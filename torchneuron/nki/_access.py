@@ -495,6 +495,17 @@ def _is_contiguous(self):
     return row_major(self.shape, self.strides)
 
 
+def _indirect(self, *args, **kwargs):
+    """Tensor Indirection (NeuronCore-v4): refused, see the message."""
+    raise NKIError("not-emulated", f"indirect() of {self.describe()}: Tensor Indirection views are not emulated. The "
+                   "offsets' layout in the index tile depends on the engine of the instruction that consumes the "
+                   "view (groups of 16 partitions on the vector, scalar and GpSimd engines, 32 on the tensor "
+                   "engine), which a view does not know when it is made, and the reference does not specify how "
+                   "the partition groups read their offsets. Gather or scatter HBM rows with vector_select or "
+                   ".ap(vector_offset=...), on-chip elements with nisa.nc_n_gather or nisa.local_gather")
+
+
+NkiTensor.indirect = NkiTensor.is_indirect = _indirect
 NkiTensor.select = _select
 NkiTensor.view = _view_as
 NkiTensor.ap = _ap

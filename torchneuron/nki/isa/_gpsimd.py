@@ -36,7 +36,7 @@ def _affine_values(shape, pattern, offset, channel_multiplier, what):
     return value.reshape(shape)
 
 
-def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **kwargs):
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """``dst[p, w, z, y, x] = offset + p * channel_multiplier + w * step_w + ... + x * step_x`` for
     ``pattern = [[step_w, num_w], ..., [step_x, num_x]]`` (up to 4 pairs), in int32."""
     in_sbuf("nisa.iota", dst=dst)
@@ -46,7 +46,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **kwargs):
 
 
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=_alu.equal, offset=0,
-                  name=None, **kwargs):
+                  name=None):
     """``dst = on_true_tile`` where ``cmp_op(affine value, 0)`` holds, else the number
     ``on_false_value``; the affine value is iota's (e.g. causal masks)."""
     what = "nisa.affine_select"
@@ -60,7 +60,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     dst_write(dst, torch.where(keep, v, torch.tensor(float(on_false_value), device=v.device)), what)
 
 
-def tensor_partition_reduce(dst, op, data, name=None, **kwargs):
+def tensor_partition_reduce(dst, op, data, name=None):
     """``dst[0, ...] = op`` reduced across the partitions of ``data`` (add, maximum, bitwise_or,
     bitwise_and): ``dst`` has one partition and ``data``'s free layout."""
     what = "nisa.tensor_partition_reduce"
@@ -91,7 +91,7 @@ def _gather(values, index):
     return torch.where(inside, gathered, torch.zeros((), dtype=gathered.dtype))
 
 
-def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None, **kwargs):
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
     """Each GpSimd core (16 partitions) flattens its part of ``index`` partition by partition
     (``index[0, 0], index[1, 0], ..., index[15, 0], index[0, 1], ...``) and keeps the first
     ``num_valid_indices``; then every partition of the core gathers ``num_elem_per_idx``
@@ -126,7 +126,7 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
     dst_write(dst, out.reshape(list(out.shape[:-3]) + [p, -1]), what)
 
 
-def nc_n_gather(dst, data, indices, name=None, **kwargs):
+def nc_n_gather(dst, data, indices, name=None):
     """``dst[p, ...] = data[p].flatten()[indices[p, ...]]``: a gather within each partition
     (``indices`` uint32, ``dst`` laid out as ``indices`` with ``data``'s dtype)."""
     what = "nisa.nc_n_gather"
@@ -143,7 +143,7 @@ def nc_n_gather(dst, data, indices, name=None, **kwargs):
     dst_write(dst, out, what)
 
 
-def sequence_bounds(dst, segment_ids, name=None, **kwargs):
+def sequence_bounds(dst, segment_ids, name=None):
     """For a (1, n) row of segment ids, ``dst[0, 0, i]`` is the index where element i's segment
     starts and ``dst[0, 1, i]`` the index just past its end; id 0 marks padding (start n, end -1)."""
     what = "nisa.sequence_bounds"
@@ -166,7 +166,7 @@ def sequence_bounds(dst, segment_ids, name=None, **kwargs):
     dst_write(dst, out, what)
 
 
-def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None, **kwargs):
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     """On partitions 0, 16, ..., 112 (each GpSimd core's first; the others of ``dst`` are left as
     they are): the indices (plus ``index_offset``) of the T elements' nonzero ones, then
     ``padding_val`` up to T, then their count: T + 1 int32 values per partition."""

@@ -84,7 +84,7 @@ def _read_scales(what, role, scale, rows, mask):
     return bits.view(torch.float8_e8m0fnu).float()   # 2 ** (bits - 127); 255 is NaN
 
 
-def quantize_mx(dst, src, dst_scale, name=None, **kwargs):
+def quantize_mx(dst, src, dst_scale, name=None):
     """MX quantisation of a float16/bfloat16 ``src`` [P, 4F] into ``dst`` [P, F] (fp8 x4 packed:
     element f holds src[:, 4f .. 4f + 3]) and ``dst_scale`` (one scale per 8 partitions x 4 values).
 
@@ -163,7 +163,7 @@ def _dequantized(what, role, t, scale, rows, mask):
 
 
 def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None, tile_size=None,
-                 accumulate=None, name=None, **kwargs):
+                 accumulate=None, name=None):
     """``dst[M, N] (+)= sum over k, j of S[k, m, j] * s_S * V[k, n, j] * s_V``: the product of two
     MX operands (``stationary`` [K, M] and ``moving`` [K, N], packed fp8 or fp4, each with its
     scale tile) on the tensor engine, in fp32 into a PSUM tile (fp32 or bf16). The contraction runs

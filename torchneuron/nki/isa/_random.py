@@ -76,7 +76,7 @@ def _uniform(engine, t):
     return (_draw(engine, t.shape[0], free_size(t)).double() / 2.0 ** 32).float()
 
 
-def rng(dst, engine=C.engine.unknown, name=None, **kwargs):
+def rng(dst, engine=C.engine.unknown, name=None):
     """Fills the integer tile ``dst`` with random bits (the low bits of 32 random bits each)."""
     what = "nisa.rng"
     eng = engine_name(engine, what, ("vector", "gpsimd"), "vector")
@@ -88,7 +88,7 @@ def rng(dst, engine=C.engine.unknown, name=None, **kwargs):
     dst_write(dst, _draw(eng, dst.shape[0], free_size(dst)), what)
 
 
-def rand2(dst, min, max, name=None, **kwargs):  # noqa: A002 - NKI's parameter names
+def rand2(dst, min, max, name=None):  # noqa: A002 - NKI's parameter names
     """Uniform random fp32 values in [min, max] (numbers or (P, 1) tiles) cast to ``dst.dtype``,
     from the NeuronCore-v4 vector engine's generator."""
     what = "nisa.rand2"
@@ -102,7 +102,7 @@ def rand2(dst, min, max, name=None, **kwargs):  # noqa: A002 - NKI's parameter n
     dst_write(dst, low + (high - low) * u.reshape(dst.shape), what)
 
 
-def dropout(dst, data, prob, name=None, **kwargs):
+def dropout(dst, data, prob, name=None):
     """``dst = data``, each element replaced by 0 with probability ``prob`` (a number or a (P, 1)
     tile; no rescaling of the kept elements), from the vector engine's generator."""
     what = "nisa.dropout"
@@ -128,7 +128,7 @@ def _seed_bits(t, what):
     return int((v.view(torch.int32) if v.is_floating_point() else v).to(torch.int64)[0]) & _MASK
 
 
-def set_rng_seed(src_seeds, name=None, **kwargs):
+def set_rng_seed(src_seeds, name=None):
     """Seeds every lane of the vector engine's generator from the 32-bit value of a (1, 1) tile."""
     what = "nisa.set_rng_seed"
     if not isinstance(src_seeds, NkiTensor) or src_seeds.shape != (1, 1) or src_seeds.dtype.itemsize != 4:
@@ -152,7 +152,7 @@ def _state_tile(t, eng, what, role):
                        f"partition for the {eng} engine")
 
 
-def rand_set_state(src_seeds, engine=C.engine.unknown, name=None, **kwargs):
+def rand_set_state(src_seeds, engine=C.engine.unknown, name=None):
     """Sets each lane's generator state from the matching partition of ``src_seeds`` (uint32 in
     SBUF: 6 words per partition for GpSimd, 24 for Vector)."""
     what = "nisa.rand_set_state"
@@ -165,7 +165,7 @@ def rand_set_state(src_seeds, engine=C.engine.unknown, name=None, **kwargs):
     record(eng, "rand_set_state", src_seeds.shape, src_seeds.dtype)
 
 
-def rand_get_state(dst, engine=C.engine.unknown, name=None, **kwargs):
+def rand_get_state(dst, engine=C.engine.unknown, name=None):
     """Writes each lane's generator state to the matching partition of ``dst`` (uint32: 6 words
     per partition for GpSimd, 24 for Vector; SBUF, or PSUM from the NeuronCore-v4 vector engine)."""
     what = "nisa.rand_get_state"

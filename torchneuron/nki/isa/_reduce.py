@@ -25,8 +25,7 @@ def _accumulate(what, out, op, reduce_res, cmd, init=None, negate=False):
         read_out(reduce_res, regs, what, negate)
 
 
-def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=C.reduce_cmd.idle, reduce_init=0.0, name=None,
-                **kwargs):
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=C.reduce_cmd.idle, reduce_init=0.0, name=None):
     """``dst = exp(src - max_value)`` in fp32 on the NeuronCore-v4 vector engine (``max_value``: a
     number or a (P, 1) tile), summing the result per partition into the accumulation registers
     (``load_reduce`` starts the sum at ``reduce_init``)."""
@@ -50,8 +49,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=C.reduce_cm
 
 
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
-                         reduce_cmd=C.reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None,
-                         **kwargs):
+                         reduce_cmd=C.reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None):
     """``dst = data op0 operand0`` (one arithmetic op; a unary op takes operand 0 or None), reduced
     per partition with ``reduce_op`` (add, multiply, maximum, minimum) into the accumulation
     registers; ``reduce_res`` receives them (negated with ``reduce_res_negate``)."""
@@ -75,7 +73,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
 
 
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=C.reduce_cmd.idle,
-                  reduce_op=_alu.maximum, reverse_pred=False, name=None, **kwargs):
+                  reduce_op=_alu.maximum, reverse_pred=False, name=None):
     """``dst = on_true`` where ``predicate`` is nonzero (zero with ``reverse_pred``), else
     ``on_false`` (a number or a (P, 1) tile); the per-partition maximum of the result goes into
     the accumulation registers (``reset_reduce`` starts from -inf)."""
@@ -104,7 +102,7 @@ _RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
 
 
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=C.reduce_cmd.reset_reduce,
-                 reduce_res=None, reduce_op=_alu.maximum, range_start=0, on_false_value=FP32_MIN, name=None, **kwargs):
+                 reduce_res=None, reduce_op=_alu.maximum, range_start=0, on_false_value=FP32_MIN, name=None):
     """``dst[p, j] = on_true_tile[p, j]`` where ``comp_op0(range_start + j, bound0[p])`` and
     ``comp_op1(range_start + j, bound1[p])`` hold (j: the flattened free index, compared in fp32),
     else ``on_false_value`` (which the hardware fixes at the fp32 minimum); the per-partition

@@ -66,7 +66,7 @@ def _scalar_tile(t, what, role):
                        f"HBM, got {t.describe() if isinstance(t, NkiTensor) else type(t).__name__}")
 
 
-def register_alloc(x=None, **kwargs):
+def register_alloc(x=None):
     """A new register, holding ``x`` (an int), or the value of a one-element tile, or nothing yet."""
     reg = VirtualRegister()
     if isinstance(x, NkiTensor):
@@ -76,13 +76,13 @@ def register_alloc(x=None, **kwargs):
     return reg
 
 
-def register_move(dst, src, **kwargs):
+def register_move(dst, src):
     """``dst = src``: another register's value or an int constant."""
     what = "nisa.register_move"
     _register(dst, what).value = src._read(what) if isinstance(src, VirtualRegister) else _constant(src, what)
 
 
-def register_load(dst, src, **kwargs):
+def register_load(dst, src):
     """Loads register ``dst`` from the one-element integer tensor ``src`` (SBUF or HBM)."""
     what = "nisa.register_load"
     _register(dst, what)
@@ -94,7 +94,7 @@ def register_load(dst, src, **kwargs):
     dst.value = int(values.reshape(-1)[0])
 
 
-def register_store(dst, src, **kwargs):
+def register_store(dst, src):
     """Stores register ``src`` into the one-element integer tensor ``dst`` (SBUF or HBM)."""
     what = "nisa.register_store"
     _scalar_tile(dst, what, "dst")

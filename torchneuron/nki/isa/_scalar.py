@@ -33,7 +33,7 @@ def _reduce(what, out, reduce_op, reduce_res, reduce_cmd, allowed):
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=C.reduce_cmd.idle,
-               name=None, engine=C.engine.unknown, **kwargs):
+               name=None, engine=C.engine.unknown):
     """``dst = op(data * scale + bias)``: ``scale`` and ``bias`` are numbers or (P, 1) tiles. The
     per-partition sum of the result (``reduce_op=nl.add``) goes into the accumulation registers."""
     what = "nisa.activation"
@@ -62,7 +62,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         _reduce(what, out, reduce_op, reduce_res, reduce_cmd, ("add",))
 
 
-def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **kwargs):
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
     """``activation`` that also writes the per-partition sum of its result to ``reduce_res``
     (``reduce_cmd=reset_reduce``)."""
     activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
@@ -75,7 +75,7 @@ _ACTIVATE2_OPS = {("multiply", "add"), ("multiply", "subtract"), ("multiply", "b
 
 
 def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False, reverse1=False, reduce_op=None,
-              reduce_res=None, reduce_cmd=C.reduce_cmd.idle, name=None, **kwargs):
+              reduce_res=None, reduce_cmd=C.reduce_cmd.idle, name=None):
     """``dst = op((data op0 imm0) op1 imm1)`` on the NeuronCore-v4 scalar engine (``nl.bypass``
     skips a stage), reducing the result per partition into the accumulation registers with
     ``reduce_op`` (add, maximum, minimum, abs_max, abs_min). ``relu_param`` is the slope

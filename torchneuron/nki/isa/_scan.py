@@ -5,6 +5,7 @@ do not compose into affine maps steps through the columns one by one."""
 
 import math
 
+import numpy as np
 import torch
 
 import torchneuron.nki.isa.constants as C
@@ -29,12 +30,26 @@ def _affine(name, x, reverse, inner):
     return (1.0, -x) if acc_first else (-1.0, x)
 
 
+def _times(p, q):
+    """p * q for numbers or tensors, a factor 1.0 costing nothing."""
+    return q if isinstance(p, float) and p == 1.0 else p if isinstance(q, float) and q == 1.0 else p * q
+
+
+def _plus(p, q):
+    """p + q for numbers or tensors, a term 0.0 costing nothing."""
+    return q if isinstance(p, float) and p == 0.0 else p if isinstance(q, float) and q == 0.0 else p + q
+
+
 def _linear_scan(a, b, start):
     """``acc_i = a_i * acc_(i-1) + b_i`` along the last dim from ``acc_(-1) = start``: prefix
     compositions of the affine maps in log2(n) whole-tile steps (Hillis-Steele)."""
-    if bool((torch.as_tensor(a) == 1).all()):  # a running sum (cumsum kernels): one sequential pass
-        return torch.cumsum(torch.as_tensor(b).expand(torch.broadcast_shapes(torch.as_tensor(a).shape,
-                                                                            torch.as_tensor(b).shape)), -1) + start
+    if a == 1.0 if isinstance(a, float) else bool((a == 1).all()):  # a running sum (cumsum kernels): one pass
+        b = torch.as_tensor(b)
+        shape = np.broadcast_shapes(tuple(torch.as_tensor(a).shape), tuple(b.shape))
+        out = torch.cumsum(b.expand(shape), -1)
+        if np.broadcast_shapes(shape, tuple(start.shape)) == shape:
+            return out.add_(start)
+        return out + start
     a, b = torch.broadcast_tensors(torch.as_tensor(a), torch.as_tensor(b))
     a, b = a.clone(), b.clone()
     step = 1
@@ -46,7 +61,7 @@ def _linear_scan(a, b, start):
     return a * start + b
 
 
-def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, **kwargs):
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
     """Per partition, along the flattened free dims: ``acc = op1(op0(data0[i], acc), data1[i]);
     dst[i] = acc`` from ``acc = initial`` (a number or a (P, 1) tile), in fp32; ``reverse0`` /
     ``reverse1`` swap an op's operands. ``op0=multiply, op1=add`` is the recurrence
@@ -67,7 +82,8 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     if names[0] in _AFFINE and names[1] in _AFFINE:
         a0, b0 = _affine(names[0], x, reverse0, inner=True)
         a1, b1 = _affine(names[1], y, reverse1, inner=False)
-        out = _linear_scan(torch.as_tensor(a1) * a0, torch.as_tensor(a1) * b0 + b1, start)
+        # the composed map a1 * (a0 * v + b0) + b1, without whole-tile passes for the factors 1 and terms 0
+        out = _linear_scan(_times(a1, a0), _plus(_times(a1, b0), b1), start)
     else:
         x, y = torch.broadcast_tensors(x, y)
         acc, columns = start, []
@@ -84,8 +100,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
 _START = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -math.inf, "minimum": math.inf}
 
 
-def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=C.reduce_cmd.reset_reduce, name=None,
-                             **kwargs):
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=C.reduce_cmd.reset_reduce, name=None):
     """Per partition, along the flattened free dims: ``reg = op1(src[i] op0 imm0, reg);
     dst[i] = reg``, with ``reg`` the vector engine's accumulation register: reset to op1's
     identity (``reset_reduce``), carried over from the previous accumulating instruction
@@ -115,7 +130,9 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=C.r
     else:
         raise NKIError("reduce-cmd", f"{what}: reduce_cmd is reset_reduce, reduce or load_reduce, got {reduce_cmd!r}")
     if name1 == "add":
-        out = start + t.cumsum(-1)
+        out = t.cumsum(-1)
+        out = out.add_(start) if np.broadcast_shapes(tuple(out.shape), tuple(start.shape)) == tuple(out.shape) \
+            else out + start
     elif name1 == "multiply":
         out = start * t.cumprod(-1)
     elif name1 == "maximum":

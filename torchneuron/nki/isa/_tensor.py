@@ -1,5 +1,8 @@
 """``nki.isa`` tensor engine instructions: ``nc_matmul`` and ``nc_transpose``."""
 
+import itertools
+
+import numpy as np
 import torch
 
 import torchneuron.nki.isa.constants as C
@@ -77,8 +80,7 @@ def _check_tiling(what, tile_position, tile_size, k, m, double_row):
 
 
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
-              accumulate=None, tile_position=(), tile_size=(), perf_mode=C.matmul_perf_mode.none, name=None,
-              **kwargs):
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=C.matmul_perf_mode.none, name=None):
     """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` on the tensor engine.
 
     accumulate=None: the first matmul into a PSUM region overwrites it and later ones add to it,
@@ -163,17 +165,79 @@ def _batched_product(s, m, dst, is_transpose, accumulate):
         for i in reversed(summed):
             product = product.sum(dim=i, keepdim=True)
         return product
-    if not summed:  # one (batched) GEMM; BLAS reads the transposed operand in place
-        return torch.matmul(s.float().transpose(-1, -2), m.float())
-    letters = "abcdefghijlmnopqrstuvw"[:n]  # loop dims; k, x, y name the tile dims
-    kept = "".join(c for i, c in enumerate(letters) if i not in summed)
-    product = torch.einsum(f"{letters}kx,{letters}ky->{kept}xy", s.float(), m.float())
-    for i in summed:  # a product the same in every iteration is accumulated once per iteration
-        if s.shape[i] == 1 and m.shape[i] == 1:
-            product = product * ctx.loop_sizes[ctx.frame[i]]
+    return contract(s.float(), m.float(), summed, [ctx.loop_sizes[f] for f in ctx.frame[:n]])
+
+
+def contract(s, m, summed, sizes):
+    """``out[..., x, y] = sum over k and the loop dims `summed` of s[..., k, x] * m[..., k, y]``.
+
+    ``s`` and ``m`` have the same leading loop dims (size 1 where the operand is the same in every
+    iteration; ``sizes`` are the loops' sizes); the result keeps them, with size 1 where summed.
+    The loops summed over both operands join k in one contraction, and an operand shared by all
+    iterations makes one large GEMM of the other's, the dims ordered so that the larger operand
+    is used in place: torch.matmul and einsum would broadcast and reshape by copying it (a
+    batched token-generation matmul spent most of its time copying weights).
+    """
+    n = s.dim() - 2
+    scale = 1
+    both = []
     for i in summed:
-        product = product.unsqueeze(i)
-    return product
+        if s.shape[i] == 1 and m.shape[i] == 1:  # the same product in every iteration
+            scale *= sizes[i]
+        elif s.shape[i] == 1:  # sum over i of s * m_i = s * (sum over i of m_i)
+            m = m.sum(i, keepdim=True)
+        elif m.shape[i] == 1:
+            s = s.sum(i, keepdim=True)
+        else:
+            both.append(i)
+    # The summed loops now of size 1 in both operands go; the ones left join k in one contraction,
+    # merged in the order that lets the larger operand merge them without a copy.
+    gone = tuple(0 if i in summed and i not in both else slice(None) for i in range(n))
+    s, m = s[gone], m[gone]
+    pos = [i for i in range(n) if gone[i] != 0]  # loop dims left, in order
+    kept = [j for j, i in enumerate(pos) if i not in both]
+    n = len(pos)
+    k_dims = [j for j, i in enumerate(pos) if i in both] + [n]
+    big = m if m.numel() >= s.numel() else s
+    order = next((o for o in itertools.permutations(k_dims) if _mergeable(big, o)), k_dims)
+    a = s.permute(kept + [n + 1] + list(order))  # [kept..., x, K...]
+    b = m.permute(kept + list(order) + [n + 1])  # [kept..., K..., y]
+    nk = len(order)
+    a = a.reshape(list(a.shape[:-nk]) + [-1])
+    b = b.reshape(list(b.shape[:len(kept)]) + [-1, b.shape[-1]])
+    batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+    if all(d == 1 for d in batch_b) and _mergeable(a, range(a.dim() - 1)):
+        out = torch.matmul(a, b.reshape(b.shape[-2:]))  # moving shared: one GEMM over every row of the stationary
+    elif all(d == 1 for d in batch_a) and _mergeable(b, list(range(len(kept))) + [b.dim() - 1]):
+        out = torch.matmul(a.reshape(a.shape[-2:]), b)  # stationary shared: one GEMM over every moving column
+    else:  # a GEMM per iteration; a shared operand is expanded in place (stride 0)
+        batch = list(np.broadcast_shapes(tuple(batch_a), tuple(batch_b)))
+        out = torch.empty(batch + [a.shape[-2], b.shape[-1]])
+        _gemms(a.expand(batch + list(a.shape[-2:])), b.expand(batch + list(b.shape[-2:])), out)
+    for i in summed:
+        out = out.unsqueeze(i)
+    return out * scale if scale != 1 else out
+
+
+def _gemms(a, b, out):
+    """``out = a @ b`` for [batch..., x, K] and [batch..., K, y] operands: batched GEMMs over the
+    batch dims that merge into one strided dim in both operands, a loop over the outer ones that
+    do not (torch.matmul would copy the operand into contiguous batches first)."""
+    nb = a.dim() - 2
+    if nb and not any(b.stride()[:nb]) and _mergeable(a, range(nb + 1)):  # b shared: one GEMM, a's rows in place
+        torch.mm(a.reshape(-1, a.shape[-1]), b[(0,) * nb], out=out.view(-1, out.shape[-1]))
+        return
+    if nb <= 1 or (_mergeable(a, range(nb)) and _mergeable(b, range(nb))) or a.shape[0] > 64:
+        torch.matmul(a, b, out=out)
+        return
+    for i in range(a.shape[0]):
+        _gemms(a[i], b[i], out[i])
+
+
+def _mergeable(t, dims):
+    """Whether ``t``'s dims ``dims`` (in that order) are one strided dim of its memory (a view)."""
+    dims = [d for d in dims if t.shape[d] != 1]
+    return all(t.stride(d) == t.shape[e] * t.stride(e) for d, e in zip(dims, dims[1:]))
 
 
 def _in_open_group(dst, region, groups):
@@ -198,7 +262,7 @@ def _groups(t):
     return t.alloc.groups
 
 
-def nc_transpose(dst, data, engine=C.engine.unknown, name=None, **kwargs):
+def nc_transpose(dst, data, engine=C.engine.unknown, name=None):
     """``dst[F, P] = data[P, F]`` (free dims flattened): on the tensor engine (SBUF to PSUM, up to
     128 x 128) or the vector engine (up to 32 x 32, any buffers), by default the one that fits."""
     values = tile(data, "nisa.nc_transpose")

@@ -29,14 +29,14 @@ def _eight(what, data, vals):
     return v
 
 
-def max8(dst, src, name=None, **kwargs):
+def max8(dst, src, name=None):
     """The 8 largest values of each partition, in descending order."""
     v = _searched("nisa.max8", src)
     record("vector", "max8", src.shape, dst.dtype)
     dst_write(dst, torch.topk(v, 8, dim=-1).values, "nisa.max8")
 
 
-def nc_find_index8(dst, data, vals, name=None, **kwargs):
+def nc_find_index8(dst, data, vals, name=None):
     """``dst[p, k]`` = the flattened index of the first element of ``data[p]`` equal to
     ``vals[p, k]`` (uint32 or uint16; a value that does not occur gives 0, where hardware is
     undefined)."""
@@ -50,7 +50,7 @@ def nc_find_index8(dst, data, vals, name=None, **kwargs):
     dst_write(dst, first, what)
 
 
-def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None, **kwargs):
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals[p]`` (in turn, so a
     repeated value replaces the next occurrence) replaced by the number ``imm``; ``dst_idx``
     receives the flattened indices, laid out as ``vals`` (0 for a value that does not occur)."""

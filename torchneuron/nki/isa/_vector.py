@@ -15,7 +15,7 @@ from torchneuron.nki._ops import check_one_psum_input, compute, dst_write, lead,
 from torchneuron.nki._tile import NkiTensor, psum
 
 
-def tensor_copy(dst, src, engine=C.engine.unknown, name=None, mask=None, **kwargs):
+def tensor_copy(dst, src, engine=C.engine.unknown, name=None, mask=None):
     """``dst = src`` on chip (same partitions and elements per partition); casts go through fp32.
     Packed MX tiles are copied bit for bit, to a tile of the same packed dtype."""
     what = "nisa.tensor_copy"
@@ -28,7 +28,7 @@ def tensor_copy(dst, src, engine=C.engine.unknown, name=None, mask=None, **kwarg
     dst_write(dst, values, what, mask, raw=raw)
 
 
-def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, **kwargs):
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     """``dst = src`` where ``predicate`` is nonzero (zero with ``reverse_pred``); elsewhere ``dst``
     keeps its values. ``src`` is a tile or a number."""
     what = "nisa.tensor_copy_predicated"
@@ -61,7 +61,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, *
     dst_write(dst, torch.where(take, values, kept), what)
 
 
-def memset(dst, value, engine=C.engine.unknown, name=None, **kwargs):
+def memset(dst, value, engine=C.engine.unknown, name=None):
     """Fills ``dst`` with the constant ``value`` (an int for an integer tile)."""
     what = "nisa.memset"
     eng = engine_name(engine, what, ("vector", "gpsimd"), "vector")
@@ -79,7 +79,7 @@ def memset(dst, value, engine=C.engine.unknown, name=None, **kwargs):
     dst_write(dst, value, what, raw=raw)
 
 
-def tensor_tensor(dst, data1, data2, op, engine=C.engine.unknown, name=None, **kwargs):
+def tensor_tensor(dst, data1, data2, op, engine=C.engine.unknown, name=None):
     """``dst = data1 op data2`` element-wise (same partitions and elements per partition, no
     broadcasting: tensor_scalar broadcasts a (P, 1) operand)."""
     what = "nisa.tensor_tensor"
@@ -109,7 +109,7 @@ def tensor_tensor(dst, data1, data2, op, engine=C.engine.unknown, name=None, **k
 
 
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  engine=C.engine.unknown, name=None, **kwargs):
+                  engine=C.engine.unknown, name=None):
     """``dst = (data op0 operand0) op1 operand1``: operands are numbers or (P, 1) tiles broadcast
     along the free dims; ``reverse`` swaps an op's operands; a unary op0/op1 (nl.abs, nl.rsqrt)
     takes operand None or 0."""
@@ -148,11 +148,19 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     dst_write(dst, out, what, fresh=True)
 
 
-def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None,
-                         **kwargs):
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, reduce_cmd=None,
+                         reduce_op=None, reduce_res=None, name=None):
     """``dst = (data op0 operand0) op1 operand1`` with arithmetic ops: ``operand0`` a number or a
-    (P, 1) tile, ``operand1`` a tile laid out as ``data``."""
+    (P, 1) tile, ``operand1`` a tile laid out as ``data``. The reduce parameters of the latest
+    reference are refused (see docs/nki.md: what they reduce is not specified)."""
     what = "nisa.scalar_tensor_tensor"
+    given = [n for n, v in (("reduce_cmd", reduce_cmd), ("reduce_op", reduce_op), ("reduce_res", reduce_res))
+             if v is not None]
+    if given:
+        raise NKIError("not-emulated", f"{what}: {', '.join(given)} not emulated: the reference lists the reduce "
+                       "parameters in the signature without specifying what is reduced (dst, the op0 stage?) or how "
+                       "reduce_cmd drives the accumulation registers; reduce dst with nisa.tensor_reduce or use "
+                       "nisa.tensor_scalar_reduce")
     v = compute(tile(data, f"{what} data")).float()
     for i, op in enumerate((op0, op1)):
         op_name, _, arity = alu(op, f"{what} op{i}")
@@ -171,7 +179,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     dst_write(dst, out, what, fresh=True)
 
 
-def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, **kwargs):
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     """``dst = op`` reduced over ``axis`` (the last free axes), times -1 with ``negate``
     (arithmetic ops only); the reduced axes stay as size 1 with ``keepdims``."""
     what = "nisa.tensor_reduce"
@@ -195,14 +203,14 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, 
     dst_write(dst, out, what, fresh=True)
 
 
-def reciprocal(dst, data, name=None, **kwargs):
+def reciprocal(dst, data, name=None):
     """``dst = 1 / data`` in fp32 on the vector engine."""
     v = compute(tile(data, "nisa.reciprocal"))
     record("vector", "reciprocal", dst.shape, dst.dtype)
     dst_write(dst, torch.reciprocal(v.float()), "nisa.reciprocal", fresh=True)
 
 
-def bn_stats(dst, data, name=None, **kwargs):
+def bn_stats(dst, data, name=None):
     """Per partition: (count, mean, count * variance) of the even and of the odd elements."""
     v = per_partition(compute(tile(data, "nisa.bn_stats")).float())
     if v.shape[-1] > 512:
@@ -217,7 +225,7 @@ def bn_stats(dst, data, name=None, **kwargs):
     dst_write(dst, torch.cat(parts, dim=-1), "nisa.bn_stats")
 
 
-def bn_aggr(dst, data, name=None, **kwargs):
+def bn_aggr(dst, data, name=None):
     """Combines (count, mean, count * variance) triples into per-partition (mean, variance)."""
     v = per_partition(compute(tile(data, "nisa.bn_aggr")).float())
     if v.shape[-1] % 3:
@@ -232,7 +240,7 @@ def bn_aggr(dst, data, name=None, **kwargs):
     dst_write(dst, torch.cat([mu, var], dim=-1), "nisa.bn_aggr")
 
 
-def nc_stream_shuffle(dst, src, shuffle_mask, name=None, **kwargs):
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     """Moves partitions within each quadrant of 32: ``dst[32q + i] = src[32q + shuffle_mask[i]]``
     (partitions counted from each tile's start); a mask entry of 255 leaves ``dst[32q + i]`` as it is."""
     what = "nisa.nc_stream_shuffle"
