@@ -453,3 +453,15 @@ def test_a_program_compiled_by_another_build_is_never_loaded(monkeypatch):
     another = f"another-build-{os.getpid()}-{time.time_ns()}"  # never compiled before, by any run
     monkeypatch.setattr(flex_attention, "build_id", lambda: another)
     assert compile_once()[0] == miss + 1, "a program of another build was loaded"
+
+
+def test_one_compile_thread_compiles_inline_without_deadlock(tmp_path):
+    # With one compile thread, Inductor's submit ran the compile under the kernel's file
+    # lock that load_async already held: a 600 s hang (vLLM sets one thread on import).
+    code = ("import torch, torchneuron\n"
+            "f = torch.compile(lambda x: torch.relu(torch.sin(x)) * 2, backend='neuron')\n"
+            "x = torch.randn(100)\n"
+            "assert torch.allclose(f(x.to('neuron')).cpu(), torch.relu(torch.sin(x)) * 2)\n")
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=240)

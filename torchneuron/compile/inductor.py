@@ -191,9 +191,12 @@ class NeuronKernelCodeCache(CppPythonBindingsCodeCache):
         # generated module's async_compile.wait(globals()) resolves the future.
         # (Compiling each kernel as the module defines it made a 48-kernel
         # program wait for 48 compiles one after another.)
-        get_result = cls.load_async(source + binding, "cpu", submit_fn=AsyncCompile.submit)
         if get_compile_threads() <= 1:
-            return get_result().kernel
+            # Inline: load_async calls submit_fn under the kernel's file lock, and a
+            # one-thread AsyncCompile.submit compiles there and takes the same lock
+            # again (filelock does not re-enter: a 600 s hang, then Timeout).
+            return cls.load_async(source + binding, "cpu")().kernel
+        get_result = cls.load_async(source + binding, "cpu", submit_fn=AsyncCompile.submit)
         return LambdaFuture(lambda: get_result().kernel)
 
 
