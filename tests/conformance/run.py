@@ -28,7 +28,9 @@ import torchneuron
 from . import known
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64, torch.int64, torch.int32,
-          torch.int8, torch.uint8, torch.bool]
+          torch.int8, torch.uint8, torch.bool,
+          # OpInfo has CPU float8 samples for a few ops only (_scaled_mm, eye, ...), checked all the same.
+          torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 MODULE_DTYPES = [torch.float32, torch.float64]
 REPORT = Path(__file__).resolve().parents[2] / "docs" / "op_coverage.md"
 PARTS = ("forward", "inputs_intact", "inplace", "out", "grad")
