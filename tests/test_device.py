@@ -633,12 +633,12 @@ def test_import_starts_no_threads(import_runs):
         assert r["threads_after_queries"] == baseline, import_runs
 
 
-@pytest.mark.parametrize("clock", ["wall", "cpu"])
-def test_import_cost_under_one_second(import_runs, clock):
-    # Best of two interleaved runs each, so load from other processes cancels out.
-    auto = min(r[clock] for r in import_runs["auto"])
-    noauto = min(r[clock] for r in import_runs["noauto"])
-    assert auto - noauto < 1.0, f"import torch ({clock}): {auto:.2f}s with autoload vs {noauto:.2f}s without"
+def test_import_cost_under_one_second(import_runs):
+    # CPU seconds of the interpreter (best of two interleaved runs each): what autoload adds to
+    # `import torch`. Wall time is not asserted: on a loaded machine it measures the load.
+    auto = min(r["cpu"] for r in import_runs["auto"])
+    noauto = min(r["cpu"] for r in import_runs["noauto"])
+    assert auto - noauto < 1.0, f"import torch (CPU time): {auto:.2f}s with autoload vs {noauto:.2f}s without"
 
 
 class _OpaqueWrapper(torch.Tensor):
