@@ -115,6 +115,21 @@ def test_model_and_kv_cache_live_on_neuron(llm):
     assert total <= KV_CACHE_BYTES
 
 
+def test_async_scheduling_copies_tokens_on_a_neuron_side_stream(llm):
+    """vLLM's default async scheduling: the runner copies each step's sampled tokens to the
+    host on a side stream of the neuron device (the tokens of every test here come through it);
+    the process's own torch.cuda is untouched."""
+    from vllm.v1.worker import gpu_model_runner
+
+    runner = _worker(llm).model_runner
+    assert runner.use_async_scheduling
+    stream = runner.async_output_copy_stream
+    assert isinstance(stream, torch.Stream) and stream.device == torch.device("neuron:0")
+    assert stream != torch.neuron.current_stream()
+    assert gpu_model_runner.torch.cuda.Stream is torch.neuron.Stream
+    assert torch.cuda.Stream is not torch.neuron.Stream
+
+
 def test_memory_profiling_sizes_kv_cache_from_device_capacity(llm):
     """vLLM's own profiling (gpu_memory_utilization x emulated capacity - weights - peak activations)."""
     worker = _worker(llm)

@@ -71,7 +71,7 @@ def test_default_configuration_is_compiled_on_the_neuron_worker(model_dir):
     config = EngineArgs(model=model_dir, dtype="float32").create_engine_config()
     assert config.parallel_config.worker_cls == "torchneuron.vllm.worker.NeuronWorker"
     assert config.device_config.device.type == "neuron"
-    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.async_scheduling is True  # vLLM's default: steps overlap
     assert config.cache_config.block_size == 16
     assert config.model_config.dtype == torch.float32
     compilation = config.compilation_config

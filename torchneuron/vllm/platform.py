@@ -164,7 +164,6 @@ class NeuronPlatform(Platform):
         model_config = vllm_config.model_config
         parallel = vllm_config.parallel_config
         cache = vllm_config.cache_config
-        scheduler = vllm_config.scheduler_config
 
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER
@@ -215,11 +214,6 @@ class NeuronPlatform(Platform):
 
         if not cache.user_specified_block_size:
             cache.block_size = DEFAULT_BLOCK_SIZE
-
-        # Async scheduling overlaps steps with a torch.cuda.Stream in GPUModelRunner.
-        if scheduler.async_scheduling:
-            logger.info("neuron: async scheduling is not supported yet; scheduling synchronously")
-        scheduler.async_scheduling = False
 
         cls._configure_compilation(vllm_config)
 

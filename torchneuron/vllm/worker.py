@@ -17,6 +17,7 @@ exactly ``kv_cache_memory_bytes`` when given.
 from __future__ import annotations
 
 import gc
+import types
 from contextlib import nullcontext
 
 import torch
@@ -24,12 +25,40 @@ from vllm.model_executor.model_loader import get_model_loader
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot
 from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker import gpu_model_runner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 from vllm.v1.worker.utils import request_memory
 
 from . import moe, ops
+
+class _TorchWithNeuronStreams(types.ModuleType):
+    """``torch``, except that ``torch.cuda``'s streams and events are neuron's.
+
+    The GPU runner module makes its side streams and events through ``torch.cuda``
+    (async scheduling copies each step's sampled tokens to the host on a side stream,
+    behind an event, while the host schedules the next step). Only that module sees
+    this ``torch``: the process's ``torch.cuda`` is not touched.
+    """
+
+    class _Cuda(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+    def __init__(self):
+        super().__init__("torch")
+        cuda = self._Cuda("torch.cuda")
+        for name in ("Stream", "Event", "current_stream", "default_stream", "stream", "set_stream"):
+            setattr(cuda, name, getattr(torch.neuron, name))
+        self.cuda = cuda
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+gpu_model_runner.torch = _TorchWithNeuronStreams()
+
 
 class NeuronModelRunner(GPUModelRunner):
     """vLLM's V1 GPU model runner; its buffers and KV cache live on ``neuron``."""
