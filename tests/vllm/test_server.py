@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from tests.vllm import tiny_models
+from tests.vllm.test_offline import hf_greedy
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -108,12 +109,6 @@ def hf(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def hf_greedy(model, ids, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
-
-
 def test_kv_cache_sized_from_the_device_capacity(server):
     _, _, log = server
     log.seek(0)
@@ -131,7 +126,7 @@ def test_completions_plain_and_streamed(server, hf):
     body = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 10, "temperature": 0,
             "ignore_eos": True, "return_token_ids": True}
     out = _post(base + "/v1/completions", body)["choices"][0]
-    assert out["token_ids"] == hf_greedy(hf, out["prompt_token_ids"], 10)
+    assert out["token_ids"] == hf_greedy((hf, None), out["prompt_token_ids"], 10)
     events = _post(base + "/v1/completions", {**body, "stream": True}, stream=True)
     streamed = [t for e in events for t in (e["choices"][0].get("token_ids") or [])]
     assert streamed == out["token_ids"]
@@ -144,7 +139,7 @@ def test_chat_completions(server, hf):
             "temperature": 0, "ignore_eos": True, "return_token_ids": True}
     out = _post(base + "/v1/chat/completions", body)
     choice = out["choices"][0]
-    assert choice["token_ids"] == hf_greedy(hf, out["prompt_token_ids"], 8)
+    assert choice["token_ids"] == hf_greedy((hf, None), out["prompt_token_ids"], 8)
     events = _post(base + "/v1/chat/completions", {**body, "stream": True}, stream=True)
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     assert text == choice["message"]["content"]
