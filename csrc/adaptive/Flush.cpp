@@ -139,7 +139,9 @@ bool replay(runtime::Stream& s, Segment& seg, const std::vector<c10::Storage>& l
         c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, seg.device), s.id()));
     py::gil_scoped_acquire gil;
     py::list tensors;
-    for (const auto& t : seg.inputs) tensors.append(t);
+    // Each input as its whole storage (flat): the program views it as the
+    // segment's ops did (see torchneuron/adaptive/_graph.py).
+    for (const auto& t : seg.inputs) tensors.append(whole_storage(t));
     // Saved and restored, not cleared: a flush nested in the program (an
     // allocation that waits for the device flushes other streams) has its own.
     Collector* const outer = std::exchange(t_collector, &collector);

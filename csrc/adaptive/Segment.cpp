@@ -48,6 +48,14 @@ at::Tensor alias(c10::Storage storage, const Layout& layout) {
 
 at::Tensor alias(const at::Tensor& t) { return alias(t.storage(), Layout::of(t)); }
 
+at::Tensor whole_storage(const at::Tensor& t) {
+  Layout flat;
+  flat.dtype = t.scalar_type();
+  flat.sizes = {int64_t(t.storage().nbytes() / t.itemsize())};
+  flat.strides = {1};
+  return alias(t.storage(), flat);
+}
+
 void Segment::clear() {
   ops.clear();
   args.clear();

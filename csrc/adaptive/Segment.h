@@ -139,5 +139,8 @@ struct Segment {
 // program must not bump them again, nor record autograd history.
 at::Tensor alias(c10::Storage storage, const Layout& layout);
 at::Tensor alias(const at::Tensor& t);
+// An alias of t's whole storage as a 1-d tensor of t's dtype (the elements
+// that fit: storage bytes / item size).
+at::Tensor whole_storage(const at::Tensor& t);
 
 }  // namespace torchneuron::adaptive

@@ -207,12 +207,11 @@ class DeviceCache {
   }
 
   // Records an event on each stream that still uses a freed block; the block
-  // is reused once they have passed. Called without the lock: a record flushes
-  // the stream's deferred work (adaptive eager), whose tensors this very
-  // allocator may free.
+  // is reused once they have passed. The events go after the work enqueued
+  // so far, without flushing deferred work (see Event::record_enqueued).
   void wait_for_uses(Block* block, const std::vector<int>& uses) {
     std::vector<runtime::Event> events(uses.size());
-    for (size_t i = 0; i < uses.size(); ++i) events[i].record(runtime::get_stream(device_, uses[i]));
+    for (size_t i = 0; i < uses.size(); ++i) events[i].record_enqueued(runtime::get_stream(device_, uses[i]));
     std::lock_guard<std::mutex> lock(mutex_);
     block->pending = std::move(events);
     pending_.push_back(block);

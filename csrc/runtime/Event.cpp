@@ -16,10 +16,15 @@ int64_t now_ns() {
 }  // namespace
 
 void Event::record(Stream& stream) {
+  stream.flush_deferred();
+  record_enqueued(stream);
+}
+
+void Event::record_enqueued(Stream& stream) {
   auto mark = std::make_shared<Mark>();
   mark->stream = &stream;
   // The marker task is the event's point: its sequence number is the mark.
-  mark->seq = stream.enqueue([mark] { mark->time_ns.store(now_ns(), std::memory_order_release); });
+  mark->seq = stream.enqueue_flushed([mark] { mark->time_ns.store(now_ns(), std::memory_order_release); });
   state_ = std::move(mark);
 }
 

@@ -14,6 +14,14 @@ class Event {
  public:
   // Marks the current end of `stream`; re-recording moves the mark.
   void record(Stream& stream);
+  // Marks the end of the work already enqueued on `stream`, leaving its
+  // deferred work (adaptive eager) after the mark instead of flushing it.
+  // For the device allocator: a freed block's last uses are all enqueued (a
+  // deferred op holds its inputs, and allocates its outputs on its own
+  // stream), and a free must not wait for another thread's flush, which may
+  // wait for a lock the freeing thread holds (a free runs wherever the last
+  // reference drops: in the garbage collector, in the middle of an import).
+  void record_enqueued(Stream& stream);
   // Makes `stream` wait (on the device) until this event has completed.
   void block(Stream& stream) const;
   // True when completed, or never recorded (as CUDA).

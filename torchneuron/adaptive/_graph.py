@@ -5,7 +5,11 @@ as plain data:
 
 - ``inputs``: one entry per device storage the segment reads from outside,
   ``(dtype, sizes, strides, storage_offset, storage_numel)`` of the tensor
-  that first reached it;
+  that first reached it. The program receives the whole storage, flat
+  (``storage_numel`` elements of that dtype), and views it as that tensor:
+  the first tensor may be a part of the storage (a row an in-place op
+  writes) that a later op reads around (the whole matrix), and a view of a
+  view reaching outside it is not something functionalization follows;
 - ``values``: ``(dtype, sizes, strides, storage_offset)`` of each tensor an op
   of the segment created;
 - ``live``: the values the program still references at the flush: the graph
@@ -93,23 +97,36 @@ def _foreach_with_lifted_scalars(graph, name: str, args: list, scalars, alpha: b
 
 def build(desc: dict) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
-    inputs = [graph.placeholder(f"input{i}") for i in range(len(desc["inputs"]))]
+    storages = [graph.placeholder(f"input{i}") for i in range(len(desc["inputs"]))]
     lifted = [graph.placeholder(f"scalars{i}") for i in range(len(desc["lifted"]))]
     outputs = [graph.placeholder(f"value{v}") for v in desc["live"]]
     values: dict[int, torch.fx.Node] = {}
+
+    def view_of_storage(index: int, sizes, strides, offset: int) -> torch.fx.Node:
+        sizes, strides = list(sizes), list(strides)
+        if offset == 0 and strides == _contiguous_strides(sizes) and _numel(sizes) == desc["inputs"][index][4]:
+            return graph.call_function(aten.view.default, (storages[index], sizes))
+        return graph.call_function(aten.as_strided.default, (storages[index], sizes, strides, offset))
+
+    inputs: dict[int, torch.fx.Node] = {}  # each storage viewed as the tensor that first reached it
 
     def ref(r):
         if r is None:
             return None
         kind, index, view = r
-        base = inputs[index] if kind == "input" else values[index]
+        if kind == "input" and view is None:
+            if index not in inputs:
+                inputs[index] = view_of_storage(index, *desc["inputs"][index][1:4])
+            return inputs[index]
         if view is None:
-            return base
+            return values[index]
         dtype, sizes, strides, offset = view
         base_dtype = (desc["inputs"] if kind == "input" else desc["values"])[index][0]
         if dtype != base_dtype:
             raise Unsupported(f"a {dtype} view of a {base_dtype} tensor")
-        return graph.call_function(aten.as_strided.default, (base, list(sizes), list(strides), offset))
+        if kind == "input":
+            return view_of_storage(index, sizes, strides, offset)
+        return graph.call_function(aten.as_strided.default, (values[index], list(sizes), list(strides), offset))
 
     for name, overload, args, returns in desc["ops"]:
         op = _op(name, overload)
@@ -151,18 +168,29 @@ def build(desc: dict) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
+def _numel(sizes) -> int:
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
+
+
+def _contiguous_strides(sizes) -> list[int]:
+    strides, step = [], 1
+    for s in reversed(sizes):
+        strides.append(step)
+        step *= max(s, 1)
+    return strides[::-1]
+
+
 def example_inputs(desc: dict, fake_mode) -> list[torch.Tensor]:
-    """Fake tensors laid out as the segment's inputs and live values."""
+    """Fake tensors laid out as the program's arguments: the inputs' whole
+    storages (flat), the lifted scalars, the live values."""
     device = torch.device("neuron", desc["device"])
     fakes = []
     with fake_mode:
-        for dtype, sizes, strides, offset, numel in desc["inputs"]:
-            tensor = torch.empty_strided(sizes, strides, dtype=dtype, device=device)
-            if offset or tensor.untyped_storage().nbytes() != numel * tensor.itemsize:
-                # A view into a larger storage (a slice, a transposed weight):
-                # later views of the same storage must fit in it.
-                tensor = torch.empty(numel, dtype=dtype, device=device).as_strided(sizes, strides, offset)
-            fakes.append(tensor)
+        for dtype, _sizes, _strides, _offset, numel in desc["inputs"]:
+            fakes.append(torch.empty(numel, dtype=dtype, device=device))
         for dtype, length in desc["lifted"]:
             fakes.append(torch.empty(length, dtype=dtype, device=device))
         for v in desc["live"]:
