@@ -18,9 +18,11 @@ Cases (one JSON line each, ``ratio`` > 1 means neuron is better):
   third engine runs neuron in vLLM's compiled mode (its default: Dynamo, piecewise Inductor
   generating neuron kernels; the other two are ``enforce_eager``), and two more rows compare it
   with vLLM CPU and with neuron eager (``offline_throughput_compiled*``). Its compile is part
-  of its start-up, printed to stderr, not measured.
-* ``server_ttft`` / ``server_itl``: the OpenAI server (``python -m
-  vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs), one streamed
+  of its start-up, printed to stderr, not measured. With ``--sync`` another neuron engine runs
+  with ``async_scheduling=False`` (vLLM's default, which the other engines use, is on), and a
+  row compares the two (``offline_throughput_*_async_vs_sync``).
+* ``server_ttft`` / ``server_itl``: the OpenAI server (``python -m torchneuron.vllm serve``,
+  vLLM's ``vllm serve``), one streamed
   ``/v1/completions`` request at a time (prompts unique per round: no prefix-cache hits),
   client-side: time to the first streamed token, and inter-token
   latency (time from the first to the last token over the tokens after the first). Both servers
@@ -86,14 +88,16 @@ def worker_main(args) -> None:
     start = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", seed=0, max_model_len=args.max_model_len,
               max_num_seqs=args.prompts, kv_cache_memory_bytes=args.kv_cache_mib << 20,
-              enforce_eager=not args.compiled_worker)
+              enforce_eager=not args.compiled_worker, async_scheduling=not args.sync_worker)
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     prompts = [{"prompt_token_ids": ids}
                for ids in prompt_ids(args.prompts, args.shortest, args.longest, vocab)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    config = llm.llm_engine.vllm_config
     print(MARK + json.dumps({"ready": current_platform.device_type,
-                             "mode": llm.llm_engine.vllm_config.compilation_config.mode.name,
+                             "mode": config.compilation_config.mode.name,
+                             "async": bool(config.scheduler_config.async_scheduling),
                              "start_s": time.perf_counter() - start}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
@@ -106,12 +110,14 @@ def worker_main(args) -> None:
 
 
 class Worker:
-    def __init__(self, platform: str, args, model: str, log_dir: str, compiled: bool = False):
+    def __init__(self, platform: str, args, model: str, log_dir: str, compiled: bool = False, sync: bool = False):
         self.platform = platform
         self.compiled = compiled
-        self.name = f"{platform}_compiled" if compiled else platform
+        self.sync = sync
+        self.name = platform + ("_compiled" if compiled else "") + ("_sync" if sync else "")
         self.log = open(os.path.join(log_dir, f"offline_{self.name}.log"), "w")
-        cmd = [sys.executable, __file__, "--_worker", "--model", model] + (["--_compiled"] if compiled else [])
+        cmd = [sys.executable, __file__, "--_worker", "--model", model]
+        cmd += (["--_compiled"] if compiled else []) + (["--_sync"] if sync else [])
         for name in ("prompts", "shortest", "longest", "max_tokens", "max_model_len", "kv_cache_mib"):
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
@@ -131,6 +137,8 @@ class Worker:
             raise RuntimeError(f"worker meant for {self.platform} runs on {reply['ready']}")
         if (reply["mode"] != "NONE") != self.compiled:
             raise RuntimeError(f"worker {self.name} runs in compilation mode {reply['mode']}")
+        if reply["async"] == self.sync:
+            raise RuntimeError(f"worker {self.name} runs with async_scheduling={reply['async']}")
         return reply
 
     def run(self) -> float:
@@ -153,6 +161,8 @@ def offline(args, model: str, log_dir: str) -> list[dict]:
     engines = [Worker(p, args, model, log_dir) for p in PLATFORMS]  # all start at once
     if args.compiled:
         engines.append(Worker("neuron", args, model, log_dir, compiled=True))
+    if args.sync:
+        engines.append(Worker("neuron", args, model, log_dir, sync=True))
     workers = {w.name: w for w in engines}
     try:
         for name, w in workers.items():
@@ -179,6 +189,9 @@ def offline(args, model: str, log_dir: str) -> list[dict]:
                            "vllm_cpu_platform", med["cpu"], higher_is_better=True, **extra))
         rows.append(report("vllm", case + "_compiled_vs_eager", "output_tokens_per_s", med["neuron_compiled"],
                            "neuron_eager", med["neuron"], higher_is_better=True, **extra))
+    if args.sync:
+        rows.append(report("vllm", case + "_async_vs_sync", "output_tokens_per_s", med["neuron"],
+                           "neuron_sync_scheduling", med["neuron_sync"], higher_is_better=True, **extra))
     return rows
 
 
@@ -198,7 +211,7 @@ class Server:
         self.log = open(os.path.join(log_dir, f"server_{platform}.log"), "w+")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            [sys.executable, "-m", "torchneuron.vllm", "serve", model,
              "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
              "--kv-cache-memory-bytes", str(args.kv_cache_mib << 20), "--enforce-eager",
              "--host", "127.0.0.1", "--port", str(self.port)],
@@ -336,9 +349,12 @@ def main(argv=None) -> list[dict]:
                         help="server: measure neuron only (saves a CPU server start, about a minute)")
     parser.add_argument("--cases", default="offline,server", help="comma-separated: offline, server")
     parser.add_argument("--compiled", action="store_true",
-                        help="offline: a third engine, neuron in vLLM's compiled mode")
+                        help="offline: another engine, neuron in vLLM's compiled mode")
+    parser.add_argument("--sync", action="store_true",
+                        help="offline: another engine, neuron eager without async scheduling")
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--_compiled", dest="compiled_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_sync", dest="sync_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._worker:
