@@ -36,6 +36,10 @@ struct Block {
   void* ptr;
   bool small;
   bool allocated = false;
+  // In its free pool: the only state in which a neighbour may absorb it. A
+  // freed block waiting for other streams' events, or held by a graph's
+  // memory pool, is not allocated either, and must keep its identity.
+  bool pooled = false;
   Block* prev = nullptr;  // neighbours inside the same segment
   Block* next = nullptr;
   std::unordered_set<int> stream_uses;  // other streams (record_stream)
@@ -118,6 +122,7 @@ class DeviceCache {
       if (tail->next) tail->next->prev = tail;
       block->next = tail;
       block->size = size;
+      tail->pooled = true;
       pool.insert(tail);
     }
     block->allocated = true;
@@ -273,6 +278,7 @@ class DeviceCache {
     if (!b->small && size < kMinLargeAlloc && b->size >= kMinLargeAlloc && b->size > 2 * segment_size(size))
       return nullptr;
     pool.erase(it);
+    b->pooled = false;
     return b;
   }
 
@@ -291,7 +297,7 @@ class DeviceCache {
     update(stats_.active_bytes, block->small, -int64_t(block->size));
     auto& pool = block->small ? small_pool_ : large_pool_;
     for (Block* neighbour : {block->prev, block->next}) {
-      if (!neighbour || neighbour->allocated || !neighbour->pending.empty()) continue;
+      if (!neighbour || !neighbour->pooled) continue;
       pool.erase(neighbour);
       if (neighbour == block->prev) {
         block->ptr = neighbour->ptr;
@@ -304,6 +310,7 @@ class DeviceCache {
       block->size += neighbour->size;
       delete neighbour;
     }
+    block->pooled = true;
     pool.insert(block);
   }
 
