@@ -33,11 +33,6 @@ from torchneuron import adaptive
 
 DEFAULT_SEEDS = range(0, 150)
 ADAPTIVE = os.environ.get("TORCHNEURON_FUZZ_ADAPTIVE", "1") == "1"
-# The 3000-seed range with adaptive steps aborted the process once and hung once (killed at
-# 600 s) in six runs on 2026-12-03: a native bug in adaptive eager not yet found (see the
-# closing note of that session; the default tier's 150 seeds keep adaptive steps). Until it is
-# fixed the long range runs without them unless TORCHNEURON_FUZZ_LONG_ADAPTIVE=1.
-LONG_ADAPTIVE = ADAPTIVE and os.environ.get("TORCHNEURON_FUZZ_LONG_ADAPTIVE", "0") == "1"
 SLOW_SEEDS = range(1000, 4000)
 STEPS = 40
 
@@ -403,7 +398,7 @@ def test_a_long_seed_range_runs_on_neuron_as_on_cpu():
     failures = []
     for seed in _seed_range(SLOW_SEEDS):
         try:
-            check(seed, with_adaptive=LONG_ADAPTIVE)
+            check(seed)
         except pytest.fail.Exception as e:
             failures.append(str(e))
             if len(failures) >= 3:
