@@ -137,7 +137,8 @@ class Worker:
             raise RuntimeError(f"worker meant for {self.platform} runs on {reply['ready']}")
         if (reply["mode"] != "NONE") != self.compiled:
             raise RuntimeError(f"worker {self.name} runs in compilation mode {reply['mode']}")
-        if reply["async"] == self.sync:
+        # vLLM's CPU platform turns async scheduling off itself; neuron keeps vLLM's default.
+        if self.platform == "neuron" and reply["async"] == self.sync:
             raise RuntimeError(f"worker {self.name} runs with async_scheduling={reply['async']}")
         return reply
 
