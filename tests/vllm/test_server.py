@@ -151,3 +151,13 @@ def test_clean_shutdown(server):
     assert proc.wait(60) == 0 or proc.returncode in (-signal.SIGINT, 130)
     log.seek(0)
     assert "Application shutdown complete" in log.read()
+
+
+@pytest.mark.slow
+def test_the_openai_client_example_serves_completions_and_chat_and_stops_cleanly():
+    """examples/vllm/openai_client.py, as a user runs it: its own server, the `openai` package."""
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "vllm", "openai_client.py")
+    run = subprocess.run([sys.executable, example], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    for line in ("completion: ", "(16 tokens)", "streamed in ", "chat: ", "server stopped with 0"):
+        assert line in run.stdout, run.stdout
