@@ -46,7 +46,7 @@ WAITS = ["wait_stream", "event", "host", "device"]
 # --------------------------------------------------------------------------- generating
 
 
-def generate(seed: int, steps: int = STEPS, with_adaptive: bool = ADAPTIVE) -> list[tuple]:
+def generate(seed: int, steps: int = STEPS) -> list[tuple]:
     """Abstract steps; names refer to earlier steps' results, and a step whose
     operands are gone (freed, or shrunk away) is dropped by `render`."""
     rng = random.Random(seed)
@@ -58,7 +58,7 @@ def generate(seed: int, steps: int = STEPS, with_adaptive: bool = ADAPTIVE) -> l
         kind = rng.choices(
             ["new", "leaf", "unary", "binary", "view", "inplace", "to_host", "host_inplace", "to_device", "free",
              "stream", "sync", "backward", "adaptive", "busy"],
-            [4, 3, 6, 6, 3, 4, 4, 2, 3, 2, 3, 1, 2, 1 if with_adaptive else 0, 1],
+            [4, 3, 6, 6, 3, 4, 4, 2, 3, 2, 3, 1, 2, 1 if ADAPTIVE else 0, 1],
         )[0]
         pick = lambda pool: rng.choice(pool) if pool else None  # noqa: E731
         if kind in ("new", "leaf"):
@@ -362,8 +362,8 @@ def reproducer(seed: int, steps: list[tuple]) -> str:
     )
 
 
-def check(seed: int, with_adaptive: bool = ADAPTIVE) -> None:
-    steps = generate(seed, with_adaptive=with_adaptive)
+def check(seed: int) -> None:
+    steps = generate(seed)
     why = mismatch(render(steps))
     if why:
         small = shrink(steps)

@@ -34,9 +34,11 @@ eager already returned to the program, and a trailing ``copy_`` into it.
 from __future__ import annotations
 
 import hashlib
+import math
 import operator
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 aten = torch.ops.aten
 
@@ -104,7 +106,8 @@ def build(desc: dict) -> torch.fx.GraphModule:
 
     def view_of_storage(index: int, sizes, strides, offset: int) -> torch.fx.Node:
         sizes, strides = list(sizes), list(strides)
-        if offset == 0 and strides == _contiguous_strides(sizes) and _numel(sizes) == desc["inputs"][index][4]:
+        whole = math.prod(sizes) == desc["inputs"][index][4]
+        if offset == 0 and whole and strides == list(make_contiguous_strides_for(sizes)):
             return graph.call_function(aten.view.default, (storages[index], sizes))
         return graph.call_function(aten.as_strided.default, (storages[index], sizes, strides, offset))
 
@@ -166,21 +169,6 @@ def build(desc: dict) -> torch.fx.GraphModule:
         graph.call_function(aten.copy_.default, (placeholder, values[v]))
     graph.output(())
     return torch.fx.GraphModule(torch.nn.Module(), graph)
-
-
-def _numel(sizes) -> int:
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
-
-
-def _contiguous_strides(sizes) -> list[int]:
-    strides, step = [], 1
-    for s in reversed(sizes):
-        strides.append(step)
-        step *= max(s, 1)
-    return strides[::-1]
 
 
 def example_inputs(desc: dict, fake_mode) -> list[torch.Tensor]:
